@@ -1,0 +1,38 @@
+# TierMoE: the two set-up commands are `make run` and `make test`.
+BUILD      ?= build
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+
+.PHONY: all deps build run test test-sanitize bench clean
+
+all: build
+
+deps:
+	@scripts/install_deps.sh
+
+$(BUILD)/build.ninja:
+	@scripts/install_deps.sh
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Until the training demo exists: initialise the tiny preset and inspect it.
+run: build
+	$(BUILD)/tiermoe init --preset tiny --out $(BUILD)/demo-tiny --seed 0
+	$(BUILD)/tiermoe inspect $(BUILD)/demo-tiny
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+# The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.
+test-sanitize: deps
+	cmake -S . -B build-sanitize -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTIERMOE_SANITIZE=ON $(CMAKE_ARGS)
+	cmake --build build-sanitize -j $(JOBS)
+	cd build-sanitize && ctest --output-on-failure -j $(JOBS)
+
+bench: build
+	$(BUILD)/tiermoe_bench --benchmark_counters_tabular=true
+
+clean:
+	rm -rf $(BUILD) build-sanitize

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs the Debian packages TierMoE builds against, only those missing.
+# Idempotent: a second run installs nothing and does not touch the network.
+set -euo pipefail
+
+packages=(
+  cmake ninja-build g++ make pkg-config
+  libdnnl-dev          # oneDNN: bf16 GEMM on AMX (and f32 on AVX-512)
+  nlohmann-json3-dev   # config.json, safetensors headers, --json output
+  libcli11-dev         # the tiermoe command line
+  libgtest-dev libgmock-dev googletest
+  libbenchmark-dev     # bench/ (Google Benchmark)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+echo "install_deps: installing ${missing[*]}" >&2
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+$SUDO apt-get update -qq
+DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
