@@ -1,0 +1,107 @@
+#pragma once
+// safetensors files (huggingface/safetensors format): an mmap'ed reader that
+// validates exactly as the reference reader does (plus an explicit duplicate
+// key check), a writer that pads the header to 8 bytes and writes atomically,
+// and sharded checkpoints through model.safetensors.index.json.
+//
+// Every rejection throws tiermoe::Error naming the file, the tensor (when one
+// is involved) and the rule that was broken.
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tiermoe/core/tensor.h"
+
+namespace tiermoe {
+
+// One tensor entry of a safetensors header. `dtype` is the format's string
+// ("BF16", "F32", "I64", ...); `begin`/`end` are byte offsets relative to the
+// start of the data buffer.
+struct SafetensorsEntry {
+  std::string name;
+  std::string dtype;
+  Shape shape;
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  uint64_t nbytes() const { return end - begin; }
+};
+
+// Bits per element of a safetensors dtype string; throws on unknown strings.
+uint64_t safetensors_dtype_bits(const std::string& dtype);
+// The safetensors dtype string of a TierMoE dtype ("F64", "F32", "BF16").
+std::string safetensors_dtype_name(DType dtype);
+
+class SafetensorsFile {
+ public:
+  // Maps and validates the whole header; throws Error on any violation.
+  static SafetensorsFile open(const std::string& path);
+
+  const std::string& path() const { return path_; }
+  // Entries sorted by offset (the on-disk order).
+  const std::vector<SafetensorsEntry>& entries() const { return entries_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool contains(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;  // throws naming file and tensor
+  std::span<const std::byte> bytes(const std::string& name) const;
+  uint64_t file_size() const;
+
+  // A zero-copy view of an F64, F32 or BF16 tensor (it keeps the mapping
+  // alive). Other dtypes are an error naming the tensor.
+  Tensor view(const std::string& name) const;
+  // A new tensor converted to `dtype` (F64/F32/BF16 sources).
+  Tensor load(const std::string& name, DType dtype, MemTag tag = MemTag::weights) const;
+
+ private:
+  struct Mapping;
+  std::string path_;
+  std::shared_ptr<Mapping> map_;
+  std::vector<SafetensorsEntry> entries_;
+  std::map<std::string, size_t> index_;  // name -> position in entries_
+  std::map<std::string, std::string> metadata_;
+};
+
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+// Writes one safetensors file: header padded with spaces to a multiple of 8,
+// tensors sorted as the reference writer does (dtype alignment descending,
+// then name), `{"format":"pt"}` metadata unless `metadata` says otherwise.
+// Written to a temporary file, fsync'ed, then renamed over `path`, so an
+// existing file is never left half-written.
+void save_safetensors(const std::string& path, const NamedTensors& tensors,
+                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
+// A Hugging Face checkpoint's tensors: `model.safetensors`, or the shards
+// listed in `model.safetensors.index.json`. Names map to their shard.
+class CheckpointTensors {
+ public:
+  static CheckpointTensors open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  std::vector<std::string> names() const;  // sorted
+  bool contains(const std::string& name) const;
+  const SafetensorsFile& file_of(const std::string& name) const;
+  const SafetensorsEntry& entry(const std::string& name) const;
+  Tensor view(const std::string& name) const;
+  Tensor load(const std::string& name, DType dtype, MemTag tag = MemTag::weights) const;
+  const std::vector<SafetensorsFile>& files() const { return files_; }
+
+ private:
+  std::string dir_;
+  std::vector<SafetensorsFile> files_;
+  std::map<std::string, size_t> shard_of_;  // name -> index in files_
+};
+
+// Writes `tensors` into `dir` as `model.safetensors`, or, when they exceed
+// `max_shard_bytes`, as `model-0000i-of-0000n.safetensors` shards plus
+// `model.safetensors.index.json` (huggingface_hub's naming; a tensor larger
+// than the limit gets a shard of its own). Returns the files written.
+std::vector<std::string> save_checkpoint_tensors(const std::string& dir,
+                                                 const NamedTensors& tensors,
+                                                 uint64_t max_shard_bytes = 5'000'000'000ull);
+
+}  // namespace tiermoe
