@@ -1,0 +1,147 @@
+#pragma once
+// Internal to the non-GEMM kernels: input validation and the scalar formulas
+// that the ref:: and cpu:: twins share, so both reject the same inputs with
+// the same messages and elementwise ops round identically in both.
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "tiermoe/core/dtype.h"
+#include "tiermoe/core/tensor.h"
+
+namespace tiermoe::nn_detail {
+
+inline std::string cat(std::string_view a, std::string_view b) {
+  return std::string(a) + std::string(b);
+}
+
+inline void check_defined(const Tensor& t, std::string_view name, std::string_view op) {
+  TIERMOE_CHECK(t.defined(), cat(name, " is an undefined tensor"), std::string(op),
+                "allocate every output before calling the kernel");
+}
+
+inline void check_dtype_is(const Tensor& t, DType want, std::string_view name,
+                           std::string_view op, std::string_view why) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.dtype() == want,
+                cat(name, ": expected dtype ") + std::string(dtype_name(want)) + ", got " +
+                    t.str(),
+                std::string(op), std::string(why));
+}
+
+inline void check_same_dtype_as(const Tensor& t, const Tensor& ref, std::string_view name,
+                                std::string_view ref_name, std::string_view op) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.dtype() == ref.dtype(),
+                cat(name, " is ") + t.str() + " but " + std::string(ref_name) + " is " +
+                    ref.str(),
+                std::string(op), "these operands share one compute dtype");
+}
+
+inline void check_same_shape_as(const Tensor& t, const Tensor& ref, std::string_view name,
+                                std::string_view ref_name, std::string_view op) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.shape() == ref.shape(),
+                cat(name, " is ") + t.str() + " but " + std::string(ref_name) + " is " +
+                    ref.str(),
+                std::string(op), "these operands must have the same shape");
+}
+
+inline void check_shape_is(const Tensor& t, const Shape& want, std::string_view name,
+                           std::string_view op) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.shape() == want,
+                cat(name, ": expected shape ") + shape_str(want) + ", got " + t.str(),
+                std::string(op), "");
+}
+
+inline void check_rank(const Tensor& t, int64_t rank, std::string_view name, std::string_view op,
+                       std::string_view layout) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.dim() == rank, cat(name, ": expected ") + std::string(layout) + ", got " + t.str(),
+                std::string(op), "");
+}
+
+// The dtype weight gradients and saved statistics use: they sum over rows,
+// so bf16 runs keep them in f32 (the fp32 master weights' dtype).
+inline DType acc_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+// Calls fn.template operator()<In, Out>() for the (input, output) storage
+// pairs a kernel with an f32 output option accepts: equal dtypes, or bf16 in
+// with f32 out (a bf16 run keeping an fp32 result unrounded).
+template <class Fn>
+void visit_in_out(DType in, DType out, std::string_view in_name, std::string_view out_name,
+                  std::string_view op, Fn&& fn) {
+  if (in == out) {
+    visit_dtype(in, [&]<class T>() { fn.template operator()<T, T>(); });
+    return;
+  }
+  TIERMOE_CHECK(in == DType::bf16 && out == DType::f32,
+                std::string(in_name) + " is " + std::string(dtype_name(in)) + " but " +
+                    std::string(out_name) + " is " + std::string(dtype_name(out)),
+                std::string(op), "use one dtype for both, or f32 for a bf16 input");
+  fn.template operator()<bf16, float>();
+}
+
+// Every id must lie in [0, limit); names the first offending position.
+inline void check_ids(std::span<const int32_t> ids, int64_t limit, std::string_view name,
+                      std::string_view op, std::string_view hint) {
+  for (size_t i = 0; i < ids.size(); ++i) {
+    TIERMOE_CHECK(ids[i] >= 0 && ids[i] < limit,
+                  std::string(name) + "[" + std::to_string(i) + "] = " + std::to_string(ids[i]) +
+                      " is out of range [0, " + std::to_string(limit) + ")",
+                  std::string(op), std::string(hint));
+  }
+}
+
+// out = value, or out += value with accumulate (one rounding to T either way).
+template <class T>
+inline void put(T& out, acc_t<T> value, bool accumulate) {
+  out = store<T>(accumulate ? load<T>(out) + value : value);
+}
+
+// SiLU as PyTorch's CPU kernel writes it: x / (1 + exp(-x)).
+template <class A>
+inline A silu(A x) {
+  return x / (A(1) + std::exp(-x));
+}
+// d silu / dx = s * (1 + x * (1 - s)) with s = sigmoid(x).
+template <class A>
+inline A silu_grad(A x) {
+  A s = A(1) / (A(1) + std::exp(-x));
+  return s * (A(1) + x * (A(1) - s));
+}
+
+// ---- per-op shape checks (ref:: and cpu:: call the same ones) ----
+
+inline void check_elementwise(const Tensor& out, std::string_view out_name, const Tensor& x,
+                              std::string_view x_name, std::string_view op) {
+  check_defined(x, x_name, op);
+  check_same_shape_as(out, x, out_name, x_name, op);
+  check_same_dtype_as(out, x, out_name, x_name, op);
+}
+
+// h_N2F [N, 2F] (gate then up) against a_NF [N, F]; returns F.
+inline int64_t check_swiglu(const Tensor& a_NF, std::string_view a_name, const Tensor& h_N2F,
+                            std::string_view op) {
+  check_rank(h_N2F, 2, "h_N2F", op, "[N, 2F]");
+  TIERMOE_CHECK(h_N2F.size(1) % 2 == 0, "h_N2F: odd width in " + h_N2F.str(), std::string(op),
+                "h_N2F holds gate columns [0, F) then up columns [F, 2F)");
+  int64_t F = h_N2F.size(1) / 2;
+  check_shape_is(a_NF, {h_N2F.size(0), F}, a_name, op);
+  check_same_dtype_as(a_NF, h_N2F, a_name, "h_N2F", op);
+  return F;
+}
+
+// A tensor of rank >= 1 seen as rows of its last dimension; returns the width.
+inline int64_t check_rows(const Tensor& t, std::string_view name, std::string_view op) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.dim() >= 1, cat(name, ": expected at least one dimension, got ") + t.str(),
+                std::string(op), "");
+  return t.size(-1);
+}
+inline int64_t row_count(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
+
+}  // namespace tiermoe::nn_detail

@@ -1,0 +1,136 @@
+#include <gtest/gtest.h>
+
+#include <cstring>  // testing.h uses std::memcmp without including it
+
+#include "common/testing.h"
+#include "tiermoe/kernels/activation.h"
+
+using namespace tiermoe;
+using namespace tiermoe::testing;
+
+namespace {
+
+const DType kDTypes[] = {DType::f64, DType::f32, DType::bf16};
+
+double weighted_sum(const Tensor& y, const Tensor& r) {
+  double s = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) s += y.get(i) * r.get(i);
+  return s;
+}
+
+}  // namespace
+
+// cpu:: evaluates the same scalar expression per element as ref::, only split
+// across threads, so the twins must agree bit for bit in every dtype.
+TEST(Silu, CpuMatchesRefBitwise) {
+  Rng rng(1);
+  for (DType dt : kDTypes) {
+    for (Shape shape : {Shape{1}, Shape{3, 7}, Shape{17, 130}, Shape{5, 4, 3}, Shape{300, 257}}) {
+      Tensor x = random_tensor(shape, dt, rng, 4.0);
+      Tensor dy = random_tensor(shape, dt, rng);
+      Tensor y_ref = Tensor::empty(shape, dt), y_cpu = Tensor::empty(shape, dt);
+      ref::silu_forward(y_ref, x);
+      cpu::silu_forward(y_cpu, x);
+      EXPECT_TRUE(bitwise_equal(y_cpu, y_ref, "silu y " + x.str()));
+      Tensor dx_ref = random_tensor(shape, dt, rng), dx_cpu = dx_ref.clone();
+      for (bool acc : {false, true}) {
+        ref::silu_backward(dx_ref, dy, x, acc);
+        cpu::silu_backward(dx_cpu, dy, x, acc);
+        EXPECT_TRUE(bitwise_equal(dx_cpu, dx_ref, "silu dx " + x.str()));
+      }
+    }
+  }
+}
+
+TEST(Silu, KnownValuesAndSaturation) {
+  Tensor x = Tensor::from_values({5}, DType::f64, {0.0, 1.0, -1.0, 800.0, -800.0});
+  Tensor y = Tensor::empty({5}, DType::f64);
+  cpu::silu_forward(y, x);
+  EXPECT_EQ(y.get(0), 0.0);
+  EXPECT_NEAR(y.get(1), 1.0 / (1.0 + std::exp(-1.0)), 1e-15);
+  EXPECT_NEAR(y.get(2), -1.0 / (1.0 + std::exp(1.0)), 1e-15);
+  EXPECT_EQ(y.get(3), 800.0);  // exp(-800) underflows to 0: silu(x) = x
+  EXPECT_EQ(y.get(4), 0.0);    // exp(800) overflows to inf: -800 / inf = -0, not NaN
+  Tensor dx = Tensor::empty({5}, DType::f64), dy = Tensor::from_values({5}, DType::f64, {1, 1, 1, 1, 1});
+  cpu::silu_backward(dx, dy, x);
+  EXPECT_EQ(dx.get(0), 0.5);
+  EXPECT_EQ(dx.get(3), 1.0);
+  EXPECT_EQ(dx.get(4), 0.0);
+}
+
+TEST(Silu, BackwardMatchesFiniteDifferences) {
+  Rng rng(2);
+  Tensor x = random_tensor({4, 9}, DType::f64, rng, 2.0);
+  Tensor r = random_tensor({4, 9}, DType::f64, rng);
+  Tensor y = Tensor::empty({4, 9}, DType::f64), dx = Tensor::empty({4, 9}, DType::f64);
+  auto loss = [&] {
+    cpu::silu_forward(y, x);
+    return weighted_sum(y, r);
+  };
+  cpu::silu_backward(dx, r, x);
+  EXPECT_TRUE(fd_check(loss, x, dx, "silu dx"));
+}
+
+TEST(Swiglu, CpuMatchesRefBitwise) {
+  Rng rng(3);
+  for (DType dt : kDTypes) {
+    for (auto [N, F] : {std::pair{1, 1}, {3, 7}, {17, 64}, {5, 130}, {64, 200}}) {
+      Tensor h = random_tensor({N, 2 * F}, dt, rng, 3.0);
+      Tensor da = random_tensor({N, F}, dt, rng);
+      Tensor a_ref = Tensor::empty({N, F}, dt), a_cpu = Tensor::empty({N, F}, dt);
+      ref::swiglu_forward(a_ref, h);
+      cpu::swiglu_forward(a_cpu, h);
+      EXPECT_TRUE(bitwise_equal(a_cpu, a_ref, "swiglu a " + h.str()));
+      Tensor dh_ref = random_tensor({N, 2 * F}, dt, rng), dh_cpu = dh_ref.clone();
+      for (bool acc : {false, true}) {
+        ref::swiglu_backward(dh_ref, da, h, acc);
+        cpu::swiglu_backward(dh_cpu, da, h, acc);
+        EXPECT_TRUE(bitwise_equal(dh_cpu, dh_ref, "swiglu dh " + h.str()));
+      }
+    }
+  }
+}
+
+TEST(Swiglu, GateThenUpLayout) {
+  // One row, F = 2: gate = (1, -2), up = (3, 5).
+  Tensor h = Tensor::from_values({1, 4}, DType::f64, {1, -2, 3, 5});
+  Tensor a = Tensor::empty({1, 2}, DType::f64);
+  cpu::swiglu_forward(a, h);
+  EXPECT_NEAR(a.get(0), 3.0 / (1.0 + std::exp(-1.0)), 1e-15);
+  EXPECT_NEAR(a.get(1), 5.0 * -2.0 / (1.0 + std::exp(2.0)), 1e-15);
+}
+
+TEST(Swiglu, BackwardMatchesFiniteDifferencesAndAccumulates) {
+  Rng rng(4);
+  Tensor h = random_tensor({5, 14}, DType::f64, rng, 2.0);
+  Tensor r = random_tensor({5, 7}, DType::f64, rng);
+  Tensor a = Tensor::empty({5, 7}, DType::f64);
+  auto loss = [&] {
+    ref::swiglu_forward(a, h);
+    return weighted_sum(a, r);
+  };
+  for (bool use_cpu : {false, true}) {
+    Tensor dh = Tensor::empty({5, 14}, DType::f64);
+    use_cpu ? cpu::swiglu_backward(dh, r, h) : ref::swiglu_backward(dh, r, h);
+    EXPECT_TRUE(fd_check(loss, h, dh, use_cpu ? "cpu swiglu dh" : "ref swiglu dh"));
+    // accumulate adds the same gradient again: 2x.
+    Tensor twice = dh.clone();
+    use_cpu ? cpu::swiglu_backward(twice, r, h, true) : ref::swiglu_backward(twice, r, h, true);
+    for (int64_t i = 0; i < dh.numel(); ++i) EXPECT_EQ(twice.get(i), 2 * dh.get(i));
+  }
+}
+
+TEST(Swiglu, RejectsBadShapesAndDtypes) {
+  Tensor h = Tensor::zeros({3, 8}, DType::f32);
+  Tensor a_bad = Tensor::zeros({3, 3}, DType::f32);
+  EXPECT_THROW(cpu::swiglu_forward(a_bad, h), Error);
+  EXPECT_THROW(ref::swiglu_forward(a_bad, h), Error);
+  Tensor a_bf16 = Tensor::zeros({3, 4}, DType::bf16);
+  EXPECT_THROW(cpu::swiglu_forward(a_bf16, h), Error);
+  Tensor odd = Tensor::zeros({3, 7}, DType::f32), a = Tensor::zeros({3, 3}, DType::f32);
+  EXPECT_THROW(cpu::swiglu_forward(a, odd), Error);
+  Tensor x = Tensor::zeros({4}, DType::f32), y = Tensor::zeros({5}, DType::f32);
+  EXPECT_THROW(cpu::silu_forward(y, x), Error);
+  Tensor undefined;
+  EXPECT_THROW(ref::silu_forward(undefined, x), Error);
+}
