@@ -51,15 +51,20 @@ class SafetensorsFile {
   uint64_t file_size() const;
 
   // A zero-copy view of an F64, F32 or BF16 tensor (it keeps the mapping
-  // alive). Other dtypes are an error naming the tensor.
+  // alive). The mapping is copy-on-write: writing into a view never changes
+  // the file. Data that another writer left unaligned for its dtype comes
+  // back as a copy. Other dtypes are an error naming the tensor.
   Tensor view(const std::string& name) const;
-  // A new tensor converted to `dtype` (F64/F32/BF16 sources).
+  // A new tensor converted to `dtype` (F64/F32/BF16 sources; to bf16 rounds
+  // to nearest even, f64 going through f32 as torch does).
   Tensor load(const std::string& name, DType dtype, MemTag tag = MemTag::weights) const;
 
  private:
   struct Mapping;
+  static std::shared_ptr<Mapping> map_file(const std::string& path);
   std::string path_;
   std::shared_ptr<Mapping> map_;
+  uint64_t data_offset_ = 0;  // 8 + header length
   std::vector<SafetensorsEntry> entries_;
   std::map<std::string, size_t> index_;  // name -> position in entries_
   std::map<std::string, std::string> metadata_;

@@ -1,0 +1,242 @@
+// Sharded checkpoints as huggingface_hub writes them: model.safetensors, or
+// model-0000i-of-0000n.safetensors plus model.safetensors.index.json.
+#include <cstdio>
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "safetensors_common.h"
+#include "tiermoe/io/safetensors.h"
+
+namespace tiermoe {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kSingleFile = "model.safetensors";
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr uint64_t kMaxIndexBytes = 1'000'000'000;
+
+// Built step by step: GCC 12 warns falsely (-Wrestrict) on "'" + string&&.
+std::string quoted(const std::string& name) {
+  std::string s = "'";
+  s += detail::printable(name);
+  s += "'";
+  return s;
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+// Shard names come from a file we did not write: keep them inside the dir.
+void check_shard_name(const std::string& shard, const std::string& where) {
+  TIERMOE_CHECK(!shard.empty() && shard != "." && shard != ".." &&
+                    shard.find('/') == std::string::npos && shard.find('\0') == std::string::npos,
+                "weight_map names shard \"" + detail::printable(shard) +
+                    "\", which is not a plain file name",
+                where, "shards must be files directly inside the checkpoint directory");
+}
+
+// name -> shard file name, from model.safetensors.index.json.
+std::map<std::string, std::string> read_weight_map(const std::string& index_path) {
+  std::string text = detail::read_small_file(index_path, kMaxIndexBytes);
+  // Depth: root > weight_map or metadata > (unknown metadata values, kept shallow).
+  nlohmann::json index = detail::parse_json_strict(text, 8, index_path, "index");
+  const std::string hint = "expected {\"metadata\": {...}, \"weight_map\": {\"tensor\": \"shard\"}}";
+  TIERMOE_CHECK(index.is_object() && index.contains("weight_map"),
+                "index has no \"weight_map\" object", index_path, hint);
+  const nlohmann::json& map = index["weight_map"];
+  TIERMOE_CHECK(map.is_object(), "\"weight_map\" is not an object", index_path, hint);
+  TIERMOE_CHECK(!map.empty(), "\"weight_map\" is empty", index_path, hint);
+  std::map<std::string, std::string> weight_map;
+  for (const auto& [name, shard] : map.items()) {
+    TIERMOE_CHECK(shard.is_string(),
+                  "weight_map entry for tensor " + quoted(name) + " is not a file name string",
+                  index_path, hint);
+    check_shard_name(shard.get<std::string>(), index_path);
+    weight_map[name] = shard.get<std::string>();
+  }
+  return weight_map;
+}
+
+// Removes files of an earlier save that the new one did not rewrite, so a
+// reader never mixes the two (e.g. a stale index over a new single file).
+void remove_stale_files(const fs::path& dir, const std::set<std::string>& written) {
+  static const std::regex shard_pattern(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  for (const auto& item : fs::directory_iterator(dir)) {
+    std::string name = item.path().filename().string();
+    bool ours = name == kSingleFile || name == kIndexFile ||
+                std::regex_match(name, shard_pattern);
+    if (ours && !written.count(name)) fs::remove(item.path());
+  }
+}
+
+}  // namespace
+
+CheckpointTensors CheckpointTensors::open(const std::string& dir) {
+  CheckpointTensors ckpt;
+  ckpt.dir_ = dir;
+  std::error_code ec;
+  if (fs::is_regular_file(dir, ec)) {
+    // A lone .safetensors file is a one-file checkpoint.
+    ckpt.files_.push_back(SafetensorsFile::open(dir));
+    for (const auto& e : ckpt.files_[0].entries()) ckpt.shard_of_[e.name] = 0;
+    return ckpt;
+  }
+  TIERMOE_CHECK(fs::is_directory(dir, ec), "checkpoint directory does not exist", dir,
+                "pass a Hugging Face checkpoint directory (with model.safetensors or "
+                "model.safetensors.index.json)");
+  const fs::path index_path = fs::path(dir) / kIndexFile;
+  const fs::path single_path = fs::path(dir) / kSingleFile;
+
+  if (!fs::exists(index_path, ec)) {
+    TIERMOE_CHECK(fs::exists(single_path, ec),
+                  std::string("no ") + kSingleFile + " or " + kIndexFile + " in the directory",
+                  dir, "pass a Hugging Face checkpoint directory, or a .safetensors file");
+    ckpt.files_.push_back(SafetensorsFile::open(single_path.string()));
+    for (const auto& e : ckpt.files_[0].entries()) ckpt.shard_of_[e.name] = 0;
+    return ckpt;
+  }
+
+  const std::string where = index_path.string();
+  std::map<std::string, std::string> weight_map = read_weight_map(where);
+  std::set<std::string> shards;
+  for (const auto& [name, shard] : weight_map) shards.insert(shard);
+  std::map<std::string, size_t> file_index;  // shard name -> index in files_
+  for (const std::string& shard : shards) {
+    fs::path shard_path = fs::path(dir) / shard;
+    TIERMOE_CHECK(fs::is_regular_file(shard_path, ec),
+                  "shard \"" + detail::printable(shard) + "\" listed in the index does not exist",
+                  where, "the checkpoint is incomplete; re-download the missing shard");
+    file_index[shard] = ckpt.files_.size();
+    ckpt.files_.push_back(SafetensorsFile::open(shard_path.string()));
+  }
+  for (size_t i = 0; i < ckpt.files_.size(); ++i) {
+    for (const SafetensorsEntry& e : ckpt.files_[i].entries()) {
+      auto [it, fresh] = ckpt.shard_of_.emplace(e.name, i);
+      TIERMOE_CHECK(fresh,
+                    "tensor " + quoted(e.name) + " is in two shards: " +
+                        fs::path(ckpt.files_[it->second].path()).filename().string() + " and " +
+                        fs::path(ckpt.files_[i].path()).filename().string(),
+                    where, "the checkpoint is inconsistent; re-export it");
+      TIERMOE_CHECK(weight_map.count(e.name),
+                    "tensor " + quoted(e.name) + " in shard " +
+                        fs::path(ckpt.files_[i].path()).filename().string() +
+                        " is not listed in the index's weight_map",
+                    where, "the index is stale; re-export the checkpoint");
+    }
+  }
+  for (const auto& [name, shard] : weight_map) {
+    TIERMOE_CHECK(ckpt.files_[file_index[shard]].contains(name),
+                  "tensor " + quoted(name) + " is mapped to shard \"" +
+                      detail::printable(shard) + "\" but is missing from it",
+                  where, "the index does not match the shards; re-export the checkpoint");
+  }
+  return ckpt;
+}
+
+std::vector<std::string> CheckpointTensors::names() const {
+  std::vector<std::string> out;
+  out.reserve(shard_of_.size());
+  for (const auto& [name, shard] : shard_of_) out.push_back(name);
+  return out;
+}
+
+bool CheckpointTensors::contains(const std::string& name) const {
+  return shard_of_.count(name) > 0;
+}
+
+const SafetensorsFile& CheckpointTensors::file_of(const std::string& name) const {
+  auto it = shard_of_.find(name);
+  TIERMOE_CHECK(it != shard_of_.end(), "no tensor " + quoted(name) + " in the checkpoint", dir_,
+                "list the checkpoint's tensors with `tiermoe inspect " + dir_ + "`");
+  return files_[it->second];
+}
+
+const SafetensorsEntry& CheckpointTensors::entry(const std::string& name) const {
+  return file_of(name).entry(name);
+}
+
+Tensor CheckpointTensors::view(const std::string& name) const { return file_of(name).view(name); }
+
+Tensor CheckpointTensors::load(const std::string& name, DType dtype, MemTag tag) const {
+  return file_of(name).load(name, dtype, tag);
+}
+
+std::vector<std::string> save_checkpoint_tensors(const std::string& dir,
+                                                 const NamedTensors& tensors,
+                                                 uint64_t max_shard_bytes) {
+  TIERMOE_CHECK(max_shard_bytes > 0, "max_shard_bytes must be positive", dir, "");
+  std::set<std::string> names;
+  uint64_t total_size = 0;
+  for (const auto& [name, t] : tensors) {
+    TIERMOE_CHECK(names.insert(name).second, "duplicate tensor name " + quoted(name), dir,
+                  "each tensor name may appear once in a checkpoint");
+    TIERMOE_CHECK(t.defined(), "tensor " + quoted(name) + " is undefined", dir,
+                  "this is a bug in the caller");
+    total_size += t.nbytes();
+  }
+
+  // huggingface_hub's split: fill shards greedily in the given order; a
+  // tensor over the limit becomes a shard of its own while the current shard
+  // keeps filling.
+  std::vector<NamedTensors> shards;
+  NamedTensors current;
+  uint64_t current_bytes = 0;
+  for (const auto& named : tensors) {
+    uint64_t bytes = named.second.nbytes();
+    if (bytes > max_shard_bytes) {
+      shards.push_back({named});
+      continue;
+    }
+    if (current_bytes + bytes > max_shard_bytes) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(named);
+    current_bytes += bytes;
+  }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  TIERMOE_CHECK(fs::is_directory(dir), "cannot create the checkpoint directory: " + ec.message(),
+                dir, "check the path and permissions");
+
+  std::vector<std::string> written;
+  std::set<std::string> written_names;
+  auto write = [&](const std::string& name, auto&& save) {
+    std::string path = (fs::path(dir) / name).string();
+    save(path);
+    written.push_back(path);
+    written_names.insert(name);
+  };
+  if (shards.size() == 1) {
+    write(kSingleFile, [&](const std::string& path) { save_safetensors(path, shards[0]); });
+  } else {
+    nlohmann::json weight_map = nlohmann::json::object();
+    for (size_t i = 0; i < shards.size(); ++i) {
+      std::string name = shard_name(i, shards.size());
+      write(name, [&](const std::string& path) { save_safetensors(path, shards[i]); });
+      for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
+    }
+    // The index goes last: until it lands, readers see the previous save.
+    nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                            {"weight_map", std::move(weight_map)}};
+    std::string text = index.dump(2) + "\n";
+    write(kIndexFile, [&](const std::string& path) {
+      detail::AtomicFile file(path);
+      file.write(text.data(), text.size());
+      file.commit();
+    });
+  }
+  remove_stale_files(dir, written_names);
+  return written;
+}
+
+}  // namespace tiermoe
