@@ -1,0 +1,50 @@
+#pragma once
+// The tensors a Hugging Face checkpoint of a ModelConfig holds, by their
+// on-disk names and shapes (formats.md 2.4, 3.2, 3.3), in the per-expert
+// layout that save_pretrained writes. `tiermoe init` writes exactly this list
+// and the loader checks a checkpoint against it.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/random.h"
+#include "tiermoe/core/tensor.h"
+#include "tiermoe/io/model_config.h"
+
+namespace tiermoe {
+
+enum class HfRole : uint8_t {
+  embedding,  // model.embed_tokens.weight
+  lm_head,    // absent when tie_word_embeddings
+  norm,       // every RMSNorm weight (layer norms, q/k norms, final norm)
+  attention,  // q, k, v, o projections
+  bias,       // attention biases (attention_bias)
+  router,     // the gate, [E, D]
+  expert,     // one expert's gate, up or down projection
+  dense_mlp,  // the MLP of a non-MoE layer
+};
+
+struct HfTensor {
+  std::string name;
+  Shape shape;
+  HfRole role;
+  int64_t layer = -1;   // -1 outside the decoder layers
+  int64_t expert = -1;  // for HfRole::expert
+};
+
+// Every tensor of the checkpoint, in module order (embedding, layer 0 ..
+// layer L-1, final norm, lm_head).
+std::vector<HfTensor> hf_tensors(const ModelConfig& config);
+
+// A freshly initialised tensor as transformers' _init_weights makes it:
+// Linear weights and the embedding ~ normal(0, initializer_range), biases 0,
+// RMSNorm weights 1, the pad_token_id row of the embedding 0. Each tensor
+// draws from its own stream, Rng(hf_init_seed(seed, name)), element by
+// element in row-major order (each value drawn in f64, then rounded to
+// `dtype`), so a tensor's values depend only on (seed, name, shape) and
+// tensors can be generated in any order or in parallel.
+Tensor init_hf_tensor(const HfTensor& tensor, const ModelConfig& config, uint64_t seed,
+                      DType dtype, MemTag tag = MemTag::weights);
+uint64_t hf_init_seed(uint64_t seed, const std::string& name);
+
+}  // namespace tiermoe

@@ -1,0 +1,101 @@
+#pragma once
+// A Hugging Face MoE config.json as one struct. Field names and defaults are
+// those of transformers' Qwen3MoeConfig; Mixtral and OLMoE configs map onto
+// the same fields (their expert width lands in moe_intermediate_size), and
+// `family` records the differences the model must honour (router
+// renormalisation, q/k norm shape, tensor names).
+//
+// Parsing is strict where transformers is silent: a wrong JSON type, a size
+// that is not positive, heads that do not divide, or a feature TierMoE does
+// not implement (another activation, RoPE scaling) is an Error naming the
+// file and the field, never a silently different model.
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tiermoe {
+
+enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe };
+std::string_view family_name(ModelFamily family);  // the HF model_type
+
+// How attention normalises q and k before RoPE.
+enum class QkNorm : uint8_t {
+  none,      // Mixtral
+  per_head,  // Qwen3: RMSNorm over each head's P values, weight [P]
+  whole,     // OLMoE: RMSNorm over the whole projection, weights [Hq*P] and [Hkv*P]
+};
+
+struct ModelConfig {
+  ModelFamily family = ModelFamily::qwen3_moe;
+  std::string model_type = "qwen3_moe";
+
+  int64_t vocab_size = 151936;                // V
+  int64_t hidden_size = 2048;                 // D
+  int64_t intermediate_size = 6144;           // dense MLP width (non-MoE layers)
+  int64_t moe_intermediate_size = 768;        // F, one expert's width
+  int64_t num_hidden_layers = 24;
+  int64_t num_attention_heads = 32;           // H
+  int64_t num_key_value_heads = 4;            // Hkv
+  int64_t head_dim = 64;                      // P; config.json may omit it (then D / H)
+  int64_t num_experts = 128;                  // E
+  int64_t num_experts_per_tok = 8;            // K
+  bool norm_topk_prob = false;                // renormalise the K weights (Mixtral: always)
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  double rope_theta = 10000.0;
+  double rms_norm_eps = 1e-6;
+  double router_aux_loss_coef = 0.001;
+  bool output_router_logits = false;          // HF adds the aux loss only when true
+  bool tie_word_embeddings = false;
+  int64_t max_position_embeddings = 32768;
+  bool attention_bias = false;
+  std::string hidden_act = "silu";
+  double initializer_range = 0.02;
+  std::string torch_dtype = "bfloat16";       // the checkpoint's dtype as HF names it
+  double attention_dropout = 0.0;
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_id;          // none, one id, or several (HF accepts a list)
+  std::optional<int64_t> pad_token_id;        // its embedding row is zeroed at init, as HF does
+  bool use_sliding_window = false;
+  std::optional<int64_t> sliding_window;
+  std::optional<int64_t> max_window_layers;
+  std::optional<double> clip_qkv;             // OLMoE: clamp q, k, v to [-c, c]
+
+  bool is_moe_layer(int64_t layer) const;     // formats.md 2.2
+  QkNorm qk_norm() const;
+  // Mixtral always renormalises the top-K weights, whatever norm_topk_prob says.
+  bool renormalize_topk() const { return family == ModelFamily::mixtral || norm_topk_prob; }
+  int64_t num_moe_layers() const;
+
+  // A config.json that transformers loads as-is (AutoConfig and the family's
+  // *ForCausalLM), with this family's field names. Pretty-printed, sorted keys.
+  std::string to_json() const;
+  // Checks every invariant parse_model_config checks; `where` names the source.
+  void validate(const std::string& where) const;
+};
+
+// Parses config.json text; `path` is only used in error messages.
+ModelConfig parse_model_config(std::string_view json_text, const std::string& path);
+// Reads and parses a config.json file, or `dir/config.json` when given a directory.
+ModelConfig load_model_config(const std::string& path);
+// Writes to_json() to `path` (atomically: temporary file, then rename).
+void save_model_config(const ModelConfig& config, const std::string& path);
+
+// Built-in shapes: "tiny" (tests, demo), "small", "qwen3-30b-a3b" (the real
+// Qwen/Qwen3-30B-A3B config). `layers` overrides num_hidden_layers.
+ModelConfig preset(std::string_view name, std::optional<int64_t> layers = std::nullopt);
+std::vector<std::string> preset_names();
+
+// Parameter counts from the config alone.
+struct ParamCounts {
+  int64_t total = 0;
+  int64_t per_expert = 0;        // 3 * D * F (gate, up, down)
+  int64_t active_per_token = 0;  // total minus the (E - K) unselected experts of every MoE layer
+  int64_t embedding = 0;         // V * D (the input embedding alone)
+  int64_t experts = 0;           // every expert of every MoE layer
+};
+ParamCounts param_counts(const ModelConfig& config);
+
+}  // namespace tiermoe

@@ -1,0 +1,116 @@
+#include "tiermoe/io/hf_names.h"
+
+#include <string_view>
+
+namespace tiermoe {
+
+namespace {
+
+// The per-family module names of the MoE block.
+struct MoeNames {
+  std::string_view block;                // "mlp" or "block_sparse_moe"
+  std::string_view gate, up, down;       // one expert's projections
+};
+
+MoeNames moe_names(ModelFamily family) {
+  if (family == ModelFamily::mixtral) return {"block_sparse_moe", "w1", "w3", "w2"};
+  return {"mlp", "gate_proj", "up_proj", "down_proj"};
+}
+
+void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
+  const int64_t D = c.hidden_size, P = c.head_dim, H = c.num_attention_heads;
+  const int64_t Hkv = c.num_key_value_heads;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  auto add = [&](std::string name, Shape shape, HfRole role, int64_t expert = -1) {
+    out.push_back({p + name, std::move(shape), role, l, expert});
+  };
+
+  add("input_layernorm.weight", {D}, HfRole::norm);
+  add("self_attn.q_proj.weight", {H * P, D}, HfRole::attention);
+  add("self_attn.k_proj.weight", {Hkv * P, D}, HfRole::attention);
+  add("self_attn.v_proj.weight", {Hkv * P, D}, HfRole::attention);
+  add("self_attn.o_proj.weight", {D, H * P}, HfRole::attention);
+  if (c.attention_bias) {
+    add("self_attn.q_proj.bias", {H * P}, HfRole::bias);
+    add("self_attn.k_proj.bias", {Hkv * P}, HfRole::bias);
+    add("self_attn.v_proj.bias", {Hkv * P}, HfRole::bias);
+    add("self_attn.o_proj.bias", {D}, HfRole::bias);
+  }
+  switch (c.qk_norm()) {
+    case QkNorm::none: break;
+    case QkNorm::per_head:  // one [P] weight shared by every head
+      add("self_attn.q_norm.weight", {P}, HfRole::norm);
+      add("self_attn.k_norm.weight", {P}, HfRole::norm);
+      break;
+    case QkNorm::whole:  // OLMoE normalises the whole projection
+      add("self_attn.q_norm.weight", {H * P}, HfRole::norm);
+      add("self_attn.k_norm.weight", {Hkv * P}, HfRole::norm);
+      break;
+  }
+  add("post_attention_layernorm.weight", {D}, HfRole::norm);
+
+  if (!c.is_moe_layer(l)) {
+    const int64_t I = c.intermediate_size;
+    add("mlp.gate_proj.weight", {I, D}, HfRole::dense_mlp);
+    add("mlp.up_proj.weight", {I, D}, HfRole::dense_mlp);
+    add("mlp.down_proj.weight", {D, I}, HfRole::dense_mlp);
+    return;
+  }
+  const MoeNames m = moe_names(c.family);
+  const std::string block(m.block);
+  const int64_t F = c.moe_intermediate_size;
+  add(block + ".gate.weight", {c.num_experts, D}, HfRole::router);
+  for (int64_t e = 0; e < c.num_experts; ++e) {
+    const std::string ep = block + ".experts." + std::to_string(e) + ".";
+    add(ep + std::string(m.gate) + ".weight", {F, D}, HfRole::expert, e);
+    add(ep + std::string(m.up) + ".weight", {F, D}, HfRole::expert, e);
+    add(ep + std::string(m.down) + ".weight", {D, F}, HfRole::expert, e);
+  }
+}
+
+uint64_t fnv1a64(const std::string& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char ch : s) h = (h ^ ch) * 0x100000001b3ull;
+  return h;
+}
+
+}  // namespace
+
+std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
+  std::vector<HfTensor> out;
+  out.push_back({"model.embed_tokens.weight", {c.vocab_size, c.hidden_size}, HfRole::embedding});
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) add_layer(out, c, l);
+  out.push_back({"model.norm.weight", {c.hidden_size}, HfRole::norm});
+  if (!c.tie_word_embeddings) {
+    out.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, HfRole::lm_head});
+  }
+  return out;
+}
+
+uint64_t hf_init_seed(uint64_t seed, const std::string& name) {
+  // The name hash goes through Rng's splitmix64 seeding, so nearby seeds and
+  // similar names still give unrelated streams.
+  return seed ^ fnv1a64(name);
+}
+
+Tensor init_hf_tensor(const HfTensor& t, const ModelConfig& c, uint64_t seed, DType dtype,
+                      MemTag tag) {
+  Tensor out = Tensor::empty(t.shape, dtype, tag);
+  switch (t.role) {
+    case HfRole::norm: out.fill(1.0); return out;
+    case HfRole::bias: out.zero(); return out;
+    default: break;
+  }
+  Rng rng(hf_init_seed(seed, t.name));
+  const double std = c.initializer_range;
+  visit_dtype(dtype, [&]<class T>() {
+    T* p = out.data<T>();
+    for (int64_t i = 0; i < out.numel(); ++i) p[i] = store<T>(acc_t<T>(std * rng.normal()));
+  });
+  if (t.role == HfRole::embedding && c.pad_token_id) {
+    out.rows(*c.pad_token_id, *c.pad_token_id + 1).zero();
+  }
+  return out;
+}
+
+}  // namespace tiermoe
