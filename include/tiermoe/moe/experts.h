@@ -1,0 +1,102 @@
+#pragma once
+// GroupedExperts: E gated MLP experts stored as two stacked weights, and the
+// math of one expert over a block of its rows (forward and backward twins).
+//
+//   h_M2F = x_MD . w13_e^T (+ b13_e)           (2F, D) per expert, W [out, in]
+//   a_MF  = act(h_M2F)                          swiglu: gate rows [0, F) then up rows [F, 2F)
+//                                               gpt_oss: rows interleaved, 2i gate, 2i+1 up
+//   a'_MF = T(fp32(a_MF) * score_M)             only when router scores are absorbed
+//   y_MD  = a'_MF . w2_e^T (+ score_M * b2_e)   (D, F) per expert
+//   y_MD  = rmsnorm(y_MD) * norm_e              optional output postprocess
+//
+// Storage: every expert weight is [out, in] as in nn.Linear and y = x W^T.
+// Hugging Face's fused GPT-OSS tensors are x-major ([E, H, 2I] gate_up_proj,
+// [E, I, H] down_proj, used as x @ W): a loader transposes each expert's matrix
+// into this layout and keeps the interleaved gate/up order (our w13 row 2i is
+// HF's gate_up_proj[e][:, 2i]). Qwen3/Mixtral/DeepSeek experts map directly
+// (gate rows, then up rows, as transformers v5's fused gate_up_proj).
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tiermoe/core/tensor.h"
+#include "tiermoe/moe/expert_ops.h"
+
+namespace tiermoe {
+
+enum class ExpertActivation { swiglu, gpt_oss };
+std::string_view expert_activation_name(ExpertActivation a);
+
+// Which kernel family the expert GEMMs and SwiGLU use: cpu:: (fast) or ref::
+// (the plain-loop oracle; row-count invariant by construction).
+enum class KernelSet { cpu, ref };
+
+struct ExpertsConfig {
+  int64_t num_experts = 0;  // E
+  int64_t hidden = 0;       // D
+  int64_t ffn = 0;          // F
+  ExpertActivation activation = ExpertActivation::swiglu;
+  GptOssActivation gpt_oss;  // alpha, limit (gpt_oss only)
+  bool bias = false;         // b13_E2F and b2_ED (GPT-OSS carries both)
+  // Output postprocess: a per-expert RMSNorm over D with a weight. It is
+  // scale-invariant, so it forbids absorbing the router score before W2.
+  bool post_norm = false;
+  double norm_eps = 1e-6;
+  KernelSet kernels = KernelSet::cpu;
+  void validate(std::string_view where = "experts") const;
+};
+
+// One expert's rows of the saved activations (row views of the N-row buffers).
+struct ExpertRowsActs {
+  Tensor x_MD;     // input rows; undefined when no weight grads are wanted
+  Tensor h_M2F;    // W13 output, pre-activation
+  Tensor a_MF;     // activation, NOT scaled by the score
+  Tensor ypre_MD;  // W2 output before the postprocess (post_norm only)
+  Tensor rstd_M;   // postprocess statistics, acc dtype (post_norm only)
+};
+
+class GroupedExperts {
+ public:
+  // Weights are zero; fill them through param(). Weights and biases are stored
+  // in `dtype`, gradients in acc_t (f32 for bf16 runs, as fp32 master grads).
+  GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name = "experts");
+
+  const ExpertsConfig& config() const { return cfg_; }
+  DType dtype() const { return dtype_; }
+  DType grad_dtype() const;
+  const std::string& name() const { return name_; }
+  bool has_output_postprocess() const { return cfg_.post_norm; }
+
+  // "w13" [E, 2F, D], "w2" [E, D, F]; with bias "b13" [E, 2F], "b2" [E, D];
+  // with post_norm "norm" [E, D].
+  std::vector<std::string> param_names() const;
+  Tensor& param(std::string_view name);
+  const Tensor& param(std::string_view name) const;
+  Tensor& grad(std::string_view name);  // same shape, grad_dtype(); accumulated with +=
+  const Tensor& grad(std::string_view name) const;
+  void zero_grad();
+
+  // Expert e over M rows. acts.h_M2F and acts.a_MF (and ypre_MD, rstd_M with
+  // post_norm) are outputs the caller allocated; acts.x_MD is only read by
+  // backward. score_M (score dtype) defined = absorbed; padded rows carry 0.
+  void forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts, const Tensor& x_MD,
+                    const Tensor& score_M) const;
+  // dx_MD is written; dscore_M (absorbed only) is written; with weight_grads
+  // the expert's parameter grads accumulate (+=) and acts.x_MD must be defined.
+  void backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
+                     const ExpertRowsActs& acts, const Tensor& score_M, bool weight_grads);
+
+ private:
+  ExpertsConfig cfg_;
+  DType dtype_;
+  std::string name_;
+  Tensor w13_EFD;  // (E, 2F, D) gate rows then up rows (gpt_oss: interleaved)
+  Tensor w2_EDF;   // (E, D, F)
+  Tensor b13_E2F;  // (E, 2F) bias only
+  Tensor b2_ED;    // (E, D) bias only
+  Tensor norm_ED;  // (E, D) post_norm only
+  Tensor dw13_EFD, dw2_EDF, db13_E2F, db2_ED, dnorm_ED;  // grad_dtype()
+};
+
+}  // namespace tiermoe

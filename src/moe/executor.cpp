@@ -1,0 +1,120 @@
+#include "tiermoe/moe/executor.h"
+
+#include <algorithm>
+#include <exception>
+#include <mutex>
+
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe {
+
+void for_each_expert(const std::vector<int64_t>& offset_E, const std::function<void(int64_t)>& fn) {
+  const int64_t E = int64_t(offset_E.size()) - 1;
+  std::vector<int64_t> order;
+  for (int64_t e = 0; e < E; ++e) {
+    if (offset_E[size_t(e) + 1] > offset_E[size_t(e)]) order.push_back(e);
+  }
+  auto rows = [&](int64_t e) { return offset_E[size_t(e) + 1] - offset_E[size_t(e)]; };
+  // Largest first, so a skewed routing does not leave one big expert to the end.
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return rows(a) > rows(b); });
+  const int threads = std::min<int64_t>(num_threads(), int64_t(order.size()));
+  if (threads <= 1 || omp_in_parallel()) {
+    for (int64_t e : order) fn(e);
+    return;
+  }
+  // Each expert's rows are independent of the others', so the schedule
+  // changes no result; exceptions cannot cross the OpenMP region, so the
+  // first one is carried out and rethrown.
+  std::exception_ptr error;
+  std::mutex error_mutex;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+  for (size_t i = 0; i < order.size(); ++i) {
+    try {
+      fn(order[i]);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(error_mutex);
+      if (!error) error = std::current_exception();
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+namespace {
+
+void check_rows_layout(const std::vector<int64_t>& offset_E, int64_t E, int64_t N,
+                       const std::string& who) {
+  TIERMOE_CHECK(int64_t(offset_E.size()) == E + 1 && offset_E.front() == 0 &&
+                    offset_E.back() == N && std::is_sorted(offset_E.begin(), offset_E.end()),
+                detail::str_of("offset_E must hold E+1 = ", E + 1,
+                               " ascending offsets from 0 to N = ", N),
+                who, "pass the DispatchPlan's offset_E for these rows");
+}
+
+ExpertRowsActs rows_of(const SavedTensors& saved, bool post_norm, bool with_x, int64_t b,
+                       int64_t e) {
+  ExpertRowsActs acts;
+  if (with_x) acts.x_MD = saved.get("x_ND").rows(b, e);
+  acts.h_M2F = saved.get("h_N2F").rows(b, e);
+  acts.a_MF = saved.get("a_NF").rows(b, e);
+  if (post_norm) {
+    acts.ypre_MD = saved.get("ypre_ND").rows(b, e);
+    acts.rstd_M = saved.get("rstd_N").rows(b, e);
+  }
+  return acts;
+}
+
+}  // namespace
+
+void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                          const Tensor& score_N, SavedTensors& saved, bool weight_grads) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t N = x_ND.size(0), D = cfg.hidden, F = cfg.ffn;
+  const DType dt = experts_->dtype();
+  check_shape(x_ND, {N, D}, name() + ": x_ND");
+  check_dtype(x_ND, dt, name() + ": x_ND");
+  check_shape(y_ND, {N, D}, name() + ": y_ND");
+  check_dtype(y_ND, dt, name() + ": y_ND");
+  check_rows_layout(offset_E, cfg.num_experts, N, name());
+  if (score_N.defined()) {
+    check_shape(score_N, {N}, name() + ": score_N");
+    TIERMOE_CHECK(!cfg.post_norm, "router scores cannot be absorbed before W2 with post_norm",
+                  name(), "the postprocess is scale-invariant; combine must apply the score");
+  }
+  if (weight_grads) saved.save("x_ND", x_ND);
+  Tensor h_N2F = saved.alloc("h_N2F", {N, 2 * F}, dt);
+  Tensor a_NF = saved.alloc("a_NF", {N, F}, dt);
+  if (cfg.post_norm) {
+    saved.alloc("ypre_ND", {N, D}, dt);
+    saved.alloc("rstd_N", {N}, experts_->grad_dtype());
+  }
+  for_each_expert(offset_E, [&](int64_t e) {
+    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+    ExpertRowsActs acts = rows_of(saved, cfg.post_norm, false, b, end);
+    Tensor y = y_ND.rows(b, end);
+    experts_->forward_rows(e, y, acts, x_ND.rows(b, end),
+                           score_N.defined() ? score_N.rows(b, end) : Tensor());
+  });
+}
+
+void HostExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
+                           const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                           const SavedTensors& saved, bool weight_grads) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t N = dy_ND.size(0), D = cfg.hidden;
+  check_shape(dy_ND, {N, D}, name() + ": dy_ND");
+  check_shape(dx_ND, {N, D}, name() + ": dx_ND");
+  check_rows_layout(offset_E, cfg.num_experts, N, name());
+  if (score_N.defined()) check_shape(dscore_N, {N}, name() + ": dscore_N");
+  // Rows of experts that got none stay untouched by the loop; padded rows
+  // inside an expert's block are computed like any other (their dy is 0).
+  for_each_expert(offset_E, [&](int64_t e) {
+    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+    ExpertRowsActs acts = rows_of(saved, cfg.post_norm, weight_grads, b, end);
+    Tensor dx = dx_ND.rows(b, end);
+    Tensor ds = score_N.defined() ? dscore_N.rows(b, end) : Tensor();
+    experts_->backward_rows(e, dx, ds, dy_ND.rows(b, end), acts,
+                            score_N.defined() ? score_N.rows(b, end) : Tensor(), weight_grads);
+  });
+}
+
+}  // namespace tiermoe

@@ -1,0 +1,194 @@
+#include "tiermoe/moe/moe_layer.h"
+
+#include <algorithm>
+
+namespace tiermoe {
+
+std::string_view absorb_scores_name(AbsorbScores a) {
+  switch (a) {
+    case AbsorbScores::automatic: return "auto";
+    case AbsorbScores::on: return "on";
+    case AbsorbScores::off: return "off";
+  }
+  __builtin_unreachable();
+}
+
+AbsorbScores parse_absorb_scores(std::string_view s, std::string_view where) {
+  if (s == "auto") return AbsorbScores::automatic;
+  if (s == "on") return AbsorbScores::on;
+  if (s == "off") return AbsorbScores::off;
+  throw Error("unknown absorb-scores mode '" + std::string(s) + "'", std::string(where),
+              "use auto, on or off");
+}
+
+bool resolve_absorb_scores(AbsorbScores mode, bool has_output_postprocess, std::string_view where) {
+  TIERMOE_CHECK(!(mode == AbsorbScores::on && has_output_postprocess),
+                "absorb_router_scores = on, but the experts carry an output postprocess",
+                std::string(where),
+                "the postprocess (e.g. a post-expert RMSNorm) is scale-invariant and runs after "
+                "W2, so it would erase a score absorbed before W2; use auto or off");
+  if (mode == AbsorbScores::automatic) return !has_output_postprocess;
+  return mode == AbsorbScores::on;
+}
+
+std::vector<SavedTensors::Entry> MoeSaved::report() const {
+  std::vector<SavedTensors::Entry> out;
+  for (const SavedTensors* s : {&layer, &routed, &shared}) {
+    auto r = s->report();
+    out.insert(out.end(), r.begin(), r.end());
+  }
+  return out;
+}
+
+size_t MoeSaved::bytes() const { return layer.bytes() + routed.bytes() + shared.bytes(); }
+
+void MoeSaved::clear() {
+  layer.clear();
+  routed.clear();
+  shared.clear();
+  routing = Routing();
+  plan = DispatchPlan();
+}
+
+MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatcher,
+                   ExpertExecutor& experts, ExpertExecutor* shared_experts)
+    : cfg_(std::move(cfg)),
+      router_(router),
+      dispatcher_(&dispatcher),
+      experts_(&experts),
+      shared_(shared_experts) {
+  const std::string& where = cfg_.name;
+  absorbed_ = resolve_absorb_scores(cfg_.absorb_scores, experts.has_output_postprocess(), where);
+  if (router_) {
+    const RouterConfig& rc = router_->config();
+    rc.validate(where + ".router");
+    TIERMOE_CHECK(rc.num_experts == experts.num_experts() && rc.hidden == experts.hidden(),
+                  detail::str_of("router has E ", rc.num_experts, ", D ", rc.hidden,
+                                 " but the experts have E ", experts.num_experts(), ", D ",
+                                 experts.hidden()),
+                  where, "build the router and the experts from the same model config");
+    TIERMOE_CHECK(router_->dtype() == experts.dtype(),
+                  "router dtype " + std::string(dtype_name(router_->dtype())) +
+                      " differs from the experts' " + std::string(dtype_name(experts.dtype())),
+                  where, "one compute dtype per run");
+  }
+  if (shared_) {
+    TIERMOE_CHECK(shared_->hidden() == experts.hidden() && shared_->dtype() == experts.dtype() &&
+                      shared_->num_experts() == 1,
+                  "shared experts must be one dense MLP with the routed experts' D and dtype",
+                  where, "build them as GroupedExperts with num_experts = 1 (its ffn is free)");
+    TIERMOE_CHECK(!shared_->has_output_postprocess(),
+                  "shared experts with an output postprocess are not supported", where,
+                  "drop post_norm from the shared experts");
+  }
+}
+
+MemoryTracker& MoeLayer::tracker() const {
+  return cfg_.tracker ? *cfg_.tracker : MemoryTracker::process();
+}
+
+Tensor MoeLayer::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads) {
+  TIERMOE_CHECK(router_ != nullptr, "this layer has no router", cfg_.name,
+                "pass the routing to forward(x_TD, routing, saved)");
+  return forward(x_TD, router_->forward(x_TD), saved, weight_grads);
+}
+
+Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads) {
+  const int64_t E = experts_->num_experts(), D = experts_->hidden();
+  const DType dt = experts_->dtype();
+  TIERMOE_CHECK(x_TD.defined() && x_TD.dim() == 2 && x_TD.size(1) == D,
+                "x_TD: expected [T, " + std::to_string(D) + "], got " + x_TD.str(), cfg_.name,
+                "the layer input is [tokens, hidden]");
+  check_dtype(x_TD, dt, cfg_.name + ": x_TD");
+  const int64_t T = x_TD.size(0);
+  TIERMOE_CHECK(routing.T == T && routing.K >= 1 && routing.K <= E,
+                detail::str_of("routing for T ", routing.T, ", K ", routing.K, " with T ", T,
+                               " tokens and E ", E, " experts"),
+                cfg_.name, "top_k must be in [1, num_experts] and the routing must be for x_TD");
+
+  MemoryTracker& mem = tracker();
+  saved.clear();
+  saved.layer = SavedTensors(cfg_.name, mem);
+  saved.routed = SavedTensors(cfg_.name + ".experts", mem);
+  saved.shared = SavedTensors(cfg_.name + ".shared", mem);
+  saved.absorbed = absorbed_;
+  saved.weight_grads = weight_grads;
+  saved.plan = dispatcher_->plan(routing.ids_TK, routing.weights_TK, E);
+  const DispatchPlan& plan = saved.plan;
+
+  // dispatch
+  Tensor x_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
+  permute_forward(x_ND, x_TD, plan);
+  // compute
+  Tensor y_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
+  experts_->forward(y_ND, x_ND, plan.offset_E, absorbed_ ? plan.score_N : Tensor(), saved.routed,
+                    weight_grads);
+  // combine
+  Tensor out_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
+  combine_forward(out_TD, y_ND, plan, absorbed_);
+  if (shared_) {
+    Tensor ys_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
+    shared_->forward(ys_TD, x_TD, {0, T}, Tensor(), saved.shared, weight_grads);
+    visit_dtype(dt, [&]<class T_>() {
+      T_* o = out_TD.data<T_>();
+      const T_* s = ys_TD.data<T_>();
+      for (int64_t i = 0; i < T * D; ++i) o[i] = store<T_>(load<T_>(o[i]) + load<T_>(s[i]));
+    });
+  }
+
+  // Kept for backward. With absorbed scores combine is a plain sum and its
+  // backward needs only the permutation, so y_ND dies here.
+  saved.layer.save("x_TD", x_TD);
+  if (routing.logits_TE.defined()) saved.layer.save("logits_TE", routing.logits_TE);
+  if (routing.probs_TE.defined()) saved.layer.save("probs_TE", routing.probs_TE);
+  saved.layer.save("weights_TK", routing.weights_TK);
+  saved.layer.save("score_N", plan.score_N);
+  if (!absorbed_) saved.layer.save("y_ND", y_ND);
+  saved.routing = std::move(routing);
+  return out_TD;
+}
+
+Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
+                          const Tensor& dlogits_extra_TE, bool accumulate) {
+  const DispatchPlan& plan = saved.plan;
+  const int64_t T = plan.T, D = experts_->hidden();
+  const DType dt = experts_->dtype();
+  TIERMOE_CHECK(saved.layer.has("x_TD"), "backward without a forward", cfg_.name,
+                "run forward with this MoeSaved first");
+  check_shape(dout_TD, {T, D}, cfg_.name + ": dout_TD");
+  check_dtype(dout_TD, dt, cfg_.name + ": dout_TD");
+  check_shape(dx_TD, {T, D}, cfg_.name + ": dx_TD");
+  MemoryTracker& mem = tracker();
+  const Tensor& score_N = saved.layer.get("score_N");
+
+  // combine
+  Tensor dy_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
+  Tensor dscore_N = Tensor::zeros({plan.N}, score_N.dtype(), MemTag::activations, mem);
+  combine_backward(dy_ND, dscore_N, dout_TD, saved.absorbed ? Tensor() : saved.layer.get("y_ND"),
+                   plan, saved.absorbed);
+  // compute
+  Tensor dx_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
+  experts_->backward(dx_ND, dscore_N, dy_ND, plan.offset_E, saved.absorbed ? score_N : Tensor(),
+                     saved.routed, saved.weight_grads);
+  // dispatch
+  permute_backward(dx_TD, dx_ND, plan, accumulate);
+  if (shared_) {
+    Tensor dxs_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem), none;
+    shared_->backward(dxs_TD, none, dout_TD, {0, T}, Tensor(), saved.shared, saved.weight_grads);
+    visit_dtype(dt, [&]<class T_>() {
+      T_* o = dx_TD.data<T_>();
+      const T_* s = dxs_TD.data<T_>();
+      for (int64_t i = 0; i < T * D; ++i) o[i] = store<T_>(load<T_>(o[i]) + load<T_>(s[i]));
+    });
+  }
+  // route
+  Tensor dweights_TK = Tensor::zeros({T, plan.K}, score_N.dtype(), MemTag::activations, mem);
+  scores_backward(dweights_TK, dscore_N, plan);
+  if (router_) {
+    router_->backward(dx_TD, dweights_TK, dlogits_extra_TE, saved.layer.get("x_TD"),
+                      saved.routing, /*accumulate=*/true);
+  }
+  return dweights_TK;
+}
+
+}  // namespace tiermoe
