@@ -1,0 +1,344 @@
+// Router: configuration checks, parameters, and the linear layer around the
+// per-token score functions of router_scores.cpp.
+//
+// bf16 rounding: x and W are upcast to fp32 and the logits stay fp32. HF's
+// DeepSeek-V3 router does exactly this; Qwen3-MoE, OLMoE, Mixtral and GPT-OSS
+// run their gate as a bf16 nn.Linear, so their logits are rounded to bf16
+// before the fp32 softmax (GPT-OSS even softmaxes the K values in bf16). We
+// keep the fp32 logits for every family: bf16 logits carry 8 significant bits,
+// which makes exact top-k ties between experts common and lets rounding choose
+// experts; DESIGN.md's numerics ask for fp32 routing; and HF parity is held in
+// f64 runs, where the two agree. The accumulation order (sequential over D)
+// differs from any BLAS anyway, so bitwise equality with HF in bf16 is not a goal.
+#include "tiermoe/moe/router.h"
+
+#include <cmath>
+#include <utility>
+
+#include "router_scores.h"
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe {
+
+std::string_view router_kind_name(RouterKind kind) {
+  switch (kind) {
+    case RouterKind::softmax_topk: return "softmax_topk";
+    case RouterKind::deepseek_v3: return "deepseek_v3";
+    case RouterKind::gpt_oss: return "gpt_oss";
+  }
+  return "?";
+}
+
+DType router_score_dtype(DType compute) {
+  return compute == DType::f64 ? DType::f64 : DType::f32;
+}
+
+void RouterConfig::validate(std::string_view where) const {
+  using detail::str_of;
+  const std::string at(where);
+  TIERMOE_CHECK(hidden >= 1, str_of("router hidden size D = ", hidden, " must be >= 1"), at,
+                "set RouterConfig::hidden to the model's hidden_size");
+  TIERMOE_CHECK(num_experts >= 1, str_of("router num_experts E = ", num_experts, " must be >= 1"),
+                at, "set num_experts (HF: num_experts / num_local_experts / n_routed_experts)");
+  TIERMOE_CHECK(top_k >= 1 && top_k <= num_experts,
+                str_of("router top_k K = ", top_k, " must be in [1, E = ", num_experts, "]"), at,
+                "check num_experts_per_tok against the number of experts");
+  if (kind != RouterKind::deepseek_v3) {
+    // Silently ignoring these would route differently from what the config says.
+    TIERMOE_CHECK(n_group == 1 && topk_group == 1 && routed_scaling_factor == 1.0,
+                  str_of("n_group = ", n_group, ", topk_group = ", topk_group,
+                         ", routed_scaling_factor = ", routed_scaling_factor, " given to a ",
+                         router_kind_name(kind), " router"),
+                  at, "group-limited routing and score scaling exist only for deepseek_v3");
+    return;
+  }
+  TIERMOE_CHECK(n_group >= 1 && num_experts % n_group == 0,
+                str_of("n_group = ", n_group, " does not divide E = ", num_experts), at,
+                "DeepSeek-V3 groups are E / n_group consecutive experts; pick n_group dividing E");
+  TIERMOE_CHECK(num_experts / n_group >= 2,
+                str_of("groups of ", num_experts / n_group, " expert(s): E = ", num_experts,
+                       ", n_group = ", n_group),
+                at, "a group's score is the sum of its top-2 scores, so groups need >= 2 experts");
+  TIERMOE_CHECK(topk_group >= 1 && topk_group <= n_group,
+                str_of("topk_group = ", topk_group, " must be in [1, n_group = ", n_group, "]"), at,
+                "topk_group is how many of the n_group groups each token may use");
+  TIERMOE_CHECK(top_k <= num_experts / n_group * topk_group,
+                str_of("top_k = ", top_k, " exceeds the ", num_experts / n_group * topk_group,
+                       " experts in ", topk_group, " kept group(s) of ", num_experts / n_group),
+                at, "raise topk_group or lower num_experts_per_tok");
+  TIERMOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0,
+                str_of("routed_scaling_factor = ", routed_scaling_factor, " must be > 0"), at,
+                "DeepSeek-V3 uses 2.5; 1.0 disables the scaling");
+}
+
+Router::Router(RouterConfig cfg, DType dtype, std::string name)
+    : cfg_(cfg), dtype_(dtype), name_(std::move(name)) {
+  cfg_.validate(name_);
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden;
+  const DType sd = router_score_dtype(dtype_);
+  weight_ED = Tensor::zeros({E, D}, dtype_, MemTag::weights);
+  dweight_ED = Tensor::zeros({E, D}, sd, MemTag::grads);
+  if (cfg_.kind == RouterKind::gpt_oss) {
+    bias_E = Tensor::zeros({E}, sd, MemTag::weights);
+    dbias_E = Tensor::zeros({E}, sd, MemTag::grads);
+  }
+  if (cfg_.kind == RouterKind::deepseek_v3) selection_bias_E = Tensor::zeros({E}, sd, MemTag::weights);
+}
+
+std::vector<std::string> Router::param_names() const {
+  std::vector<std::string> names{"weight"};
+  if (bias_E.defined()) names.emplace_back("bias");
+  if (selection_bias_E.defined()) names.emplace_back("e_score_correction_bias");
+  return names;
+}
+
+const Tensor& Router::param(std::string_view name) const {
+  if (name == "weight") return weight_ED;
+  if (name == "bias" && bias_E.defined()) return bias_E;
+  if (name == "e_score_correction_bias" && selection_bias_E.defined()) return selection_bias_E;
+  throw Error(detail::str_of("no router parameter '", name, "' in a ",
+                             router_kind_name(cfg_.kind), " router"),
+              name_, "parameters: weight; bias (gpt_oss); e_score_correction_bias (deepseek_v3)");
+}
+
+Tensor& Router::param(std::string_view name) {
+  return const_cast<Tensor&>(std::as_const(*this).param(name));
+}
+
+bool Router::has_grad(std::string_view name) const {
+  return name == "weight" || (name == "bias" && bias_E.defined());
+}
+
+Tensor& Router::grad(std::string_view name) {
+  TIERMOE_CHECK(has_grad(name), detail::str_of("router parameter '", name, "' has no gradient"),
+                name_, "e_score_correction_bias only selects experts; it is trained by "
+                       "update_selection_bias, not by gradients");
+  return name == "weight" ? dweight_ED : dbias_E;
+}
+
+void Router::zero_grad() {
+  dweight_ED.zero();
+  if (dbias_E.defined()) dbias_E.zero();
+}
+
+namespace {
+
+// logits_TE = x_TD . W_ED^T (+ b_E), in S. W is transposed once so the inner loop
+// runs over contiguous experts: each logit is still one sequential sum over d.
+template <class X, class S>
+void router_linear_forward(Tensor& logits_TE, const Tensor& x_TD, const Tensor& w_ED,
+                           const Tensor& b_E) {
+  const int64_t T = x_TD.size(0), D = x_TD.size(1), E = w_ED.size(0);
+  std::vector<S> w_DE(size_t(D * E));
+  const X* w = w_ED.data<X>();
+  for (int64_t e = 0; e < E; ++e) {
+    for (int64_t d = 0; d < D; ++d) w_DE[d * E + e] = S(load<X>(w[e * D + d]));
+  }
+  const X* x = x_TD.data<X>();
+  const S* b = b_E.defined() ? b_E.data<S>() : nullptr;
+  S* logits = logits_TE.data<S>();
+  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      S* out = logits + t * E;
+      std::fill(out, out + E, S(0));
+      for (int64_t d = 0; d < D; ++d) {
+        const S xv = S(load<X>(x[t * D + d]));
+        const S* wrow = &w_DE[size_t(d * E)];
+        for (int64_t e = 0; e < E; ++e) out[e] += xv * wrow[e];
+      }
+      if (b) {
+        for (int64_t e = 0; e < E; ++e) out[e] += b[e];
+      }
+    }
+  });
+}
+
+// dx_TD (+)= dlogits_TE . W_ED; dW_ED += dlogits_TE^T . x_TD; db_E += sum_t dlogits_TE.
+template <class X, class S>
+void router_linear_backward(Tensor& dx_TD, Tensor& dw_ED, Tensor& db_E, const Tensor& dlogits_TE,
+                            const Tensor& x_TD, const Tensor& w_ED, bool accumulate) {
+  const int64_t T = x_TD.size(0), D = x_TD.size(1), E = w_ED.size(0);
+  const X* x = x_TD.data<X>();
+  const X* w = w_ED.data<X>();
+  const S* dl = dlogits_TE.data<S>();
+  X* dx = dx_TD.data<X>();
+  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
+    std::vector<S> acc(static_cast<size_t>(D));
+    for (int64_t t = t0; t < t1; ++t) {
+      std::fill(acc.begin(), acc.end(), S(0));
+      for (int64_t e = 0; e < E; ++e) {
+        const S g = dl[t * E + e];
+        if (g == S(0)) continue;  // most experts of a token get no gradient
+        const X* wrow = w + e * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += g * S(load<X>(wrow[d]));
+      }
+      X* out = dx + t * D;
+      for (int64_t d = 0; d < D; ++d) {
+        out[d] = store<X>(accumulate ? acc_t<X>(load<X>(out[d]) + acc[d]) : acc_t<X>(acc[d]));
+      }
+    }
+  });
+  S* dw = dw_ED.data<S>();
+  parallel_for(E, 1, [&](int64_t e0, int64_t e1) {
+    std::vector<S> acc(static_cast<size_t>(D));
+    for (int64_t e = e0; e < e1; ++e) {
+      std::fill(acc.begin(), acc.end(), S(0));
+      for (int64_t t = 0; t < T; ++t) {
+        const S g = dl[t * E + e];
+        if (g == S(0)) continue;
+        const X* xrow = x + t * D;
+        for (int64_t d = 0; d < D; ++d) acc[d] += g * S(load<X>(xrow[d]));
+      }
+      for (int64_t d = 0; d < D; ++d) dw[e * D + d] += acc[d];
+    }
+  });
+  if (db_E.defined()) {
+    S* db = db_E.data<S>();
+    for (int64_t e = 0; e < E; ++e) {
+      S sum = 0;
+      for (int64_t t = 0; t < T; ++t) sum += dl[t * E + e];
+      db[e] += sum;
+    }
+  }
+}
+
+}  // namespace
+
+Routing Router::forward(const Tensor& x_TD) const {
+  const int64_t E = cfg_.num_experts, K = cfg_.top_k, D = cfg_.hidden;
+  TIERMOE_CHECK(x_TD.dim() == 2 && x_TD.size(1) == D,
+                detail::str_of("router input x_TD is ", x_TD.str(), ", expected [T, ", D, "]"),
+                name_, "the router takes the normalised hidden states, one row per token");
+  check_dtype(x_TD, dtype_, name_ + " x_TD");
+  const int64_t T = x_TD.size(0);
+  const DType sd = router_score_dtype(dtype_);
+  Routing r;
+  r.T = T;
+  r.K = K;
+  r.logits_TE = Tensor::empty({T, E}, sd);
+  r.probs_TE = Tensor::empty({T, E}, sd);
+  r.weights_TK = Tensor::empty({T, K}, sd);
+  r.ids_TK.resize(size_t(T * K));
+  visit_dtype(sd, [&]<class S>() {
+    if constexpr (!std::is_same_v<S, bf16>) {
+      visit_dtype(dtype_, [&]<class X>() {
+        router_linear_forward<X, S>(r.logits_TE, x_TD, weight_ED, bias_E);
+      });
+      const S* logits = r.logits_TE.data<S>();
+      for (int64_t i = 0; i < T * E; ++i) {
+        TIERMOE_CHECK(std::isfinite(logits[i]),
+                      detail::str_of("non-finite router logit ", double(logits[i]), " for token ",
+                                     i / E, ", expert ", i % E),
+                      name_, "the hidden states or the router weight hold NaN/Inf; check the "
+                             "previous layer and the learning rate");
+      }
+      const S* bias = selection_bias_E.defined() ? selection_bias_E.data<S>() : nullptr;
+      S* probs = r.probs_TE.data<S>();
+      S* weights = r.weights_TK.data<S>();
+      int32_t* ids = r.ids_TK.data();
+      parallel_for(T, 64, [&](int64_t t0, int64_t t1) {
+        router_detail::RouteScratch<S> scratch;
+        for (int64_t t = t0; t < t1; ++t) {
+          router_detail::route_token(ids + t * K, weights + t * K, probs + t * E, logits + t * E,
+                                     bias, cfg_, scratch);
+        }
+      });
+    }
+  });
+  return r;
+}
+
+Tensor Router::scores_backward(const Tensor& dweights_TK, const Routing& r) const {
+  const int64_t E = cfg_.num_experts, K = cfg_.top_k, T = r.T;
+  const DType sd = router_score_dtype(dtype_);
+  TIERMOE_CHECK(r.K == K && r.logits_TE.defined() && r.logits_TE.size(1) == E,
+                "routing does not come from this router", name_,
+                "pass the Routing that this router's forward returned");
+  check_shape(dweights_TK, {T, K}, name_ + " dweights_TK");
+  check_dtype(dweights_TK, sd, name_ + " dweights_TK");
+  Tensor dlogits_TE = Tensor::zeros({T, E}, sd);
+  visit_dtype(sd, [&]<class S>() {
+    if constexpr (!std::is_same_v<S, bf16>) {
+      S* dl = dlogits_TE.data<S>();
+      const S* dw = dweights_TK.data<S>();
+      const S* probs = r.probs_TE.data<S>();
+      const S* weights = r.weights_TK.data<S>();
+      const int32_t* ids = r.ids_TK.data();
+      parallel_for(T, 64, [&](int64_t t0, int64_t t1) {
+        router_detail::RouteScratch<S> scratch;
+        for (int64_t t = t0; t < t1; ++t) {
+          router_detail::route_token_backward(dl + t * E, dw + t * K, probs + t * E, ids + t * K,
+                                              weights + t * K, cfg_, scratch);
+        }
+      });
+    }
+  });
+  return dlogits_TE;
+}
+
+void Router::backward(Tensor& dx_TD, const Tensor& dweights_TK, const Tensor& x_TD,
+                      const Routing& r, bool accumulate) {
+  backward(dx_TD, dweights_TK, Tensor(), x_TD, r, accumulate);
+}
+
+void Router::backward(Tensor& dx_TD, const Tensor& dweights_TK, const Tensor& dlogits_extra_TE,
+                      const Tensor& x_TD, const Routing& r, bool accumulate) {
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden, T = r.T;
+  const DType sd = router_score_dtype(dtype_);
+  check_shape(x_TD, {T, D}, name_ + " x_TD");
+  check_dtype(x_TD, dtype_, name_ + " x_TD");
+  check_shape(dx_TD, {T, D}, name_ + " dx_TD");
+  check_dtype(dx_TD, dtype_, name_ + " dx_TD");
+  Tensor dlogits_TE = dweights_TK.defined() ? scores_backward(dweights_TK, r)
+                                            : Tensor::zeros({T, E}, sd);
+  if (dlogits_extra_TE.defined()) {
+    check_shape(dlogits_extra_TE, {T, E}, name_ + " dlogits_extra_TE");
+    check_dtype(dlogits_extra_TE, sd, name_ + " dlogits_extra_TE");
+    visit_dtype(sd, [&]<class S>() {
+      if constexpr (!std::is_same_v<S, bf16>) {
+        S* dl = dlogits_TE.data<S>();
+        const S* extra = dlogits_extra_TE.data<S>();
+        for (int64_t i = 0; i < T * E; ++i) dl[i] += extra[i];
+      }
+    });
+  }
+  visit_dtype(sd, [&]<class S>() {
+    if constexpr (!std::is_same_v<S, bf16>) {
+      visit_dtype(dtype_, [&]<class X>() {
+        router_linear_backward<X, S>(dx_TD, dweight_ED, dbias_E, dlogits_TE, x_TD, weight_ED,
+                                     accumulate);
+      });
+    }
+  });
+}
+
+void Router::update_selection_bias(const std::vector<int64_t>& load_E, double gamma) {
+  const int64_t E = cfg_.num_experts;
+  TIERMOE_CHECK(cfg_.kind == RouterKind::deepseek_v3,
+                detail::str_of("update_selection_bias on a ", router_kind_name(cfg_.kind),
+                               " router"),
+                name_, "only deepseek_v3 routers have a selection bias");
+  TIERMOE_CHECK(int64_t(load_E.size()) == E,
+                detail::str_of("load_E has ", load_E.size(), " entries, expected E = ", E), name_,
+                "pass one count per expert, e.g. expert_counts(routing, E)");
+  double mean = 0;
+  for (int64_t c : load_E) mean += double(c);
+  mean /= double(E);
+  // Overloaded experts lose bias, underloaded ones gain it; exact balance leaves it.
+  for (int64_t e = 0; e < E; ++e) {
+    const double gap = mean - double(load_E[e]);
+    const double sign = gap > 0 ? 1.0 : gap < 0 ? -1.0 : 0.0;
+    selection_bias_E.set(e, selection_bias_E.get(e) + gamma * sign);
+  }
+}
+
+std::vector<int64_t> expert_counts(const Routing& r, int64_t num_experts) {
+  std::vector<int64_t> count_E(static_cast<size_t>(num_experts), 0);
+  for (int32_t id : r.ids_TK) {
+    TIERMOE_ASSERT(id >= 0 && id < num_experts, "expert id ", id);
+    ++count_E[size_t(id)];
+  }
+  return count_E;
+}
+
+}  // namespace tiermoe
