@@ -144,4 +144,28 @@ inline int64_t check_rows(const Tensor& t, std::string_view name, std::string_vi
 }
 inline int64_t row_count(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
 
+// rows_TD ([T, D], the forward output or the backward input) matches ids_T
+// and the table's width D.
+inline void check_embedding(const Tensor& rows_TD, std::string_view rows_name, int64_t D,
+                            std::span<const int32_t> ids_T, std::string_view op) {
+  check_rank(rows_TD, 2, rows_name, op, "[T, D]");
+  check_shape_is(rows_TD, {int64_t(ids_T.size()), D}, rows_name, op);
+}
+inline constexpr const char* kIdHint = "token ids must lie in [0, vocab_size): check that the data was "
+                             "tokenized for this model";
+
+// Returns D; R = rows of x.
+inline int64_t check_rmsnorm(const Tensor& x, const Tensor& w_D, std::string_view op) {
+  int64_t D = check_rows(x, "x", op);
+  TIERMOE_CHECK(D > 0, "x: RMSNorm over an empty last dimension: " + x.str(), std::string(op), "");
+  check_shape_is(w_D, {D}, "w_D", op);
+  check_same_dtype_as(w_D, x, "w_D", "x", op);
+  return D;
+}
+inline void check_rstd(const Tensor& rstd_R, const Tensor& x, std::string_view op) {
+  check_shape_is(rstd_R, {row_count(x)}, "rstd_R", op);
+  check_dtype_is(rstd_R, acc_dtype(x.dtype()), "rstd_R", op,
+                 "RMSNorm statistics are f32 (f64 in f64 runs)");
+}
+
 }  // namespace tiermoe::nn_detail

@@ -1,0 +1,36 @@
+#pragma once
+// RMSNorm as Hugging Face's Qwen3MoeRMSNorm computes it, over the last
+// dimension D of x (any rank: [T, D] hidden states, or [T, H, P] heads for the
+// per-head q/k norm with a [P] weight); ref:: and cpu:: twins.
+//
+//   rstd = 1 / sqrt(mean(x^2) + eps)        in f32 (f64 in f64 runs)
+//   y    = w * cast(x * rstd)               cast to x's dtype, THEN times w
+//
+// x, y, w and dy share one dtype T. rstd_R ([R], R = numel / D) is kept for
+// backward in f32 (f64 for f64). The weight gradient dw_D is f32 for bf16/f32
+// runs and f64 for f64: it sums over rows and feeds fp32 master weights.
+// Backward treats the cast as identity (a straight-through rounding):
+//   dx = rstd * (g - n * mean(g * n)),  g = w * dy,  n = x * rstd (unrounded)
+//   dw += sum over rows of dy * cast(x * rstd)
+#include "tiermoe/core/tensor.h"
+
+namespace tiermoe {
+
+#define TIERMOE_RMSNORM_DECLS                                                                  \
+  /* rstd_R may be undefined when no backward follows */                                      \
+  void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w_D,         \
+                       double eps);                                                            \
+  /* dx (+)= and dw_D (+)= with accumulate; dw_D may be undefined (a frozen weight) */        \
+  void rmsnorm_backward(Tensor& dx, Tensor& dw_D, const Tensor& dy, const Tensor& x,          \
+                        const Tensor& w_D, const Tensor& rstd_R, bool accumulate = false);
+
+namespace ref {
+TIERMOE_RMSNORM_DECLS
+}
+namespace cpu {
+TIERMOE_RMSNORM_DECLS
+}
+
+#undef TIERMOE_RMSNORM_DECLS
+
+}  // namespace tiermoe
