@@ -45,16 +45,18 @@ uint64_t read_le64(const std::byte* p) {
   return v;
 }
 
-// A non-negative JSON integer within the schema's 2^48-1 bound.
-bool schema_uint(const json& v, uint64_t& out) {
+// Reads a non-negative JSON integer within the schema's 2^48-1 bound;
+// returns what is wrong with `v` otherwise.
+std::string schema_uint(const json& v, uint64_t& out) {
   if (v.is_number_unsigned()) {
     out = v.get<uint64_t>();
-  } else if (v.is_number_integer() && v.get<int64_t>() == 0) {
-    out = 0;  // "-0"
-  } else {
-    return false;
+    return out <= detail::kMaxSchemaInt ? "" : "exceeds the schema's limit 2^48-1";
   }
-  return out <= detail::kMaxSchemaInt;
+  if (v.is_number_integer()) {
+    out = 0;
+    return v.get<int64_t>() == 0 ? "" : "is negative";  // "-0" is an integer zero
+  }
+  return v.is_number() ? "is not an integer" : "is not a number";
 }
 
 SafetensorsEntry parse_entry(const std::string& name, const json& info, const std::string& where) {
@@ -85,19 +87,25 @@ SafetensorsEntry parse_entry(const std::string& name, const json& info, const st
   TIERMOE_CHECK(shape.is_array(), "shape is not a list (schema)", where, hint);
   for (const json& d : shape) {
     uint64_t dim = 0;
-    TIERMOE_CHECK(schema_uint(d, dim),
-                  "shape " + shape.dump() +
-                      " must hold integers in [0, 2^48-1] (negative, fractional or too large)",
-                  where, hint);
+    std::string bad = schema_uint(d, dim);
+    TIERMOE_CHECK(bad.empty(),
+                  "shape " + detail::printable(shape.dump()) + ": dimension " +
+                      detail::printable(d.dump()) + " " + bad,
+                  where, "dimensions are integers in [0, 2^48-1]");
     e.shape.push_back(int64_t(dim));
   }
 
   const json& offsets = info["data_offsets"];
-  TIERMOE_CHECK(offsets.is_array() && offsets.size() == 2 && schema_uint(offsets[0], e.begin) &&
-                    schema_uint(offsets[1], e.end),
-                "data_offsets " + offsets.dump() +
-                    " must be two integers [begin, end] in [0, 2^48-1] (schema)",
+  std::string offsets_text = detail::printable(offsets.dump());
+  TIERMOE_CHECK(offsets.is_array() && offsets.size() == 2,
+                "data_offsets " + offsets_text + " is not a list of two integers [begin, end]",
                 where, hint);
+  for (int i = 0; i < 2; ++i) {
+    std::string bad = schema_uint(offsets[i], i == 0 ? e.begin : e.end);
+    TIERMOE_CHECK(bad.empty(), "data_offsets " + offsets_text + ": " +
+                                   (i == 0 ? "begin " : "end ") + bad,
+                  where, hint);
+  }
   return e;
 }
 
