@@ -168,4 +168,58 @@ inline void check_rstd(const Tensor& rstd_R, const Tensor& x, std::string_view o
                  "RMSNorm statistics are f32 (f64 in f64 runs)");
 }
 
+// Returns P; tables are [R, P] of one dtype.
+inline int64_t check_rope_tables(const Tensor& cos_RP, const Tensor& sin_RP, std::string_view op) {
+  check_rank(cos_RP, 2, "cos_RP", op, "[R, P]");
+  check_same_shape_as(sin_RP, cos_RP, "sin_RP", "cos_RP", op);
+  check_same_dtype_as(sin_RP, cos_RP, "sin_RP", "cos_RP", op);
+  int64_t P = cos_RP.size(1);
+  TIERMOE_CHECK(P % 2 == 0, "RoPE needs an even head dim, got " + cos_RP.str(), std::string(op),
+                "rotate-half pairs element i with i + P/2");
+  return P;
+}
+// x is [..., H, P] with leading dims flattening to the tables' R; returns H.
+inline int64_t check_rope_input(const Tensor& x, std::string_view x_name, const Tensor& cos_RP,
+                                std::string_view op) {
+  int64_t P = check_rope_tables(cos_RP, cos_RP, op);
+  check_defined(x, x_name, op);
+  TIERMOE_CHECK(x.dim() >= 3 && x.size(-1) == P,
+                cat(x_name, ": expected [..., H, ") + std::to_string(P) + "], got " + x.str(),
+                std::string(op), "the tables' width is the head dim P");
+  int64_t H = x.size(-2);
+  TIERMOE_CHECK(x.numel() == cos_RP.size(0) * H * P,
+                cat(x_name, " ") + x.str() + " has " +
+                    std::to_string(H * P == 0 ? 0 : x.numel() / (H * P)) +
+                    " rows but the RoPE tables have " + std::to_string(cos_RP.size(0)),
+                std::string(op), "build the tables from one position per row of x");
+  check_same_dtype_as(x, cos_RP, x_name, "cos_RP", op);
+  return H;
+}
+
+// One rotated pair, rounded after each step as HF's eager code is:
+// y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2 (c1 == c2 for HF tables).
+template <class T>
+inline void rope_pair(T& y1, T& y2, acc_t<T> x1, acc_t<T> x2, acc_t<T> c1, acc_t<T> s1,
+                      acc_t<T> c2, acc_t<T> s2) {
+  y1 = store<T>(round_to<T>(x1 * c1) + round_to<T>(-x2 * s1));
+  y2 = store<T>(round_to<T>(x2 * c2) + round_to<T>(x1 * s2));
+}
+// Its transpose: dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1.
+template <class T>
+inline void rope_pair_backward(T& dx1, T& dx2, acc_t<T> dy1, acc_t<T> dy2, acc_t<T> c1,
+                               acc_t<T> s1, acc_t<T> c2, acc_t<T> s2, bool accumulate) {
+  acc_t<T> g1 = round_to<T>(round_to<T>(dy1 * c1) + round_to<T>(dy2 * s2));
+  acc_t<T> g2 = round_to<T>(round_to<T>(dy2 * c2) + round_to<T>(-dy1 * s1));
+  put(dx1, g1, accumulate);
+  put(dx2, g2, accumulate);
+}
+
+// Angle of pair i at position pos, in A (f32, or f64 in f64 runs), the way
+// HF builds it: inv_freq = 1 / theta^(float(2i) / P), then pos * inv_freq.
+template <class A>
+inline A rope_angle(int32_t pos, int64_t i, int64_t P, double theta) {
+  A inv_freq = A(1) / std::pow(A(theta), A(2 * i) / A(P));
+  return inv_freq * A(pos);
+}
+
 }  // namespace tiermoe::nn_detail

@@ -1,0 +1,75 @@
+#include "tiermoe/kernels/rope.h"
+
+#include <cmath>
+
+#include "../nn_common.h"
+
+namespace tiermoe::ref {
+
+using namespace nn_detail;
+
+void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R, double theta) {
+  int64_t P = check_rope_tables(cos_RP, sin_RP, "rope_tables");
+  check_shape_is(cos_RP, {int64_t(pos_R.size()), P}, "cos_RP", "rope_tables");
+  TIERMOE_CHECK(theta > 0, "rope theta must be positive, got " + std::to_string(theta),
+                "rope_tables", "check rope_theta in the model config");
+  visit_dtype(cos_RP.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    int64_t half = P / 2;
+    for (size_t r = 0; r < pos_R.size(); ++r) {
+      T* c = cos_RP.data<T>() + int64_t(r) * P;
+      T* s = sin_RP.data<T>() + int64_t(r) * P;
+      for (int64_t i = 0; i < half; ++i) {
+        A ang = rope_angle<A>(pos_R[r], i, P, theta);
+        c[i] = c[i + half] = store<T>(std::cos(ang));
+        s[i] = s[i + half] = store<T>(std::sin(ang));
+      }
+    }
+  });
+}
+
+void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor& sin_RP) {
+  check_rope_tables(cos_RP, sin_RP, "rope_forward");
+  int64_t H = check_rope_input(x, "x", cos_RP, "rope_forward");
+  check_elementwise(y, "y", x, "x", "rope_forward");
+  visit_dtype(x.dtype(), [&]<class T>() {
+    int64_t P = cos_RP.size(1), half = P / 2;
+    for (int64_t r = 0; r < cos_RP.size(0); ++r) {
+      const T* c = cos_RP.data<T>() + r * P;
+      const T* s = sin_RP.data<T>() + r * P;
+      for (int64_t h = 0; h < H; ++h) {
+        const T* xh = x.data<T>() + (r * H + h) * P;
+        T* yh = y.data<T>() + (r * H + h) * P;
+        for (int64_t i = 0; i < half; ++i) {
+          rope_pair<T>(yh[i], yh[i + half], load(xh[i]), load(xh[i + half]), load(c[i]),
+                       load(s[i]), load(c[i + half]), load(s[i + half]));
+        }
+      }
+    }
+  });
+}
+
+void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Tensor& sin_RP,
+                   bool accumulate) {
+  check_rope_tables(cos_RP, sin_RP, "rope_backward");
+  int64_t H = check_rope_input(dy, "dy", cos_RP, "rope_backward");
+  check_elementwise(dx, "dx", dy, "dy", "rope_backward");
+  visit_dtype(dy.dtype(), [&]<class T>() {
+    int64_t P = cos_RP.size(1), half = P / 2;
+    for (int64_t r = 0; r < cos_RP.size(0); ++r) {
+      const T* c = cos_RP.data<T>() + r * P;
+      const T* s = sin_RP.data<T>() + r * P;
+      for (int64_t h = 0; h < H; ++h) {
+        const T* dyh = dy.data<T>() + (r * H + h) * P;
+        T* dxh = dx.data<T>() + (r * H + h) * P;
+        for (int64_t i = 0; i < half; ++i) {
+          rope_pair_backward<T>(dxh[i], dxh[i + half], load(dyh[i]), load(dyh[i + half]),
+                                load(c[i]), load(s[i]), load(c[i + half]), load(s[i + half]),
+                                accumulate);
+        }
+      }
+    }
+  });
+}
+
+}  // namespace tiermoe::ref
