@@ -8,8 +8,9 @@
 // keep the fp32 logits for every family: bf16 logits carry 8 significant bits,
 // which makes exact top-k ties between experts common and lets rounding choose
 // experts; DESIGN.md's numerics ask for fp32 routing; and HF parity is held in
-// f64 runs, where the two agree. The accumulation order (sequential over D)
-// differs from any BLAS anyway, so bitwise equality with HF in bf16 is not a goal.
+// f64 runs, where the two agree. The products run on the cpu:: matmul kernels
+// (bf16 operands upcast first), whose summation order differs from any other
+// BLAS anyway, so bitwise equality with HF in bf16 is not a goal.
 #include "tiermoe/moe/router.h"
 
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "router_scores.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/kernels/matmul.h"
 
 namespace tiermoe {
 
@@ -123,83 +125,52 @@ void Router::zero_grad() {
 
 namespace {
 
-// logits_TE = x_TD . W_ED^T (+ b_E), in S. W is transposed once so the inner loop
-// runs over contiguous experts: each logit is still one sequential sum over d.
-template <class X, class S>
+// The operand as the linear layer computes with it: bf16 is upcast to fp32
+// (exactly), f32 and f64 are used as they are.
+Tensor upcast(const Tensor& t) { return t.dtype() == DType::bf16 ? t.to(DType::f32) : t; }
+
+// logits_TE = x_TD . W_ED^T (+ b_E), in the score dtype.
 void router_linear_forward(Tensor& logits_TE, const Tensor& x_TD, const Tensor& w_ED,
                            const Tensor& b_E) {
-  const int64_t T = x_TD.size(0), D = x_TD.size(1), E = w_ED.size(0);
-  std::vector<S> w_DE(size_t(D * E));
-  const X* w = w_ED.data<X>();
-  for (int64_t e = 0; e < E; ++e) {
-    for (int64_t d = 0; d < D; ++d) w_DE[d * E + e] = S(load<X>(w[e * D + d]));
-  }
-  const X* x = x_TD.data<X>();
-  const S* b = b_E.defined() ? b_E.data<S>() : nullptr;
-  S* logits = logits_TE.data<S>();
-  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      S* out = logits + t * E;
-      std::fill(out, out + E, S(0));
-      for (int64_t d = 0; d < D; ++d) {
-        const S xv = S(load<X>(x[t * D + d]));
-        const S* wrow = &w_DE[size_t(d * E)];
-        for (int64_t e = 0; e < E; ++e) out[e] += xv * wrow[e];
-      }
-      if (b) {
-        for (int64_t e = 0; e < E; ++e) out[e] += b[e];
+  cpu::matmul_forward(logits_TE, upcast(x_TD), upcast(w_ED));
+  if (!b_E.defined()) return;
+  visit_dtype(logits_TE.dtype(), [&]<class S>() {
+    if constexpr (!std::is_same_v<S, bf16>) {
+      const int64_t T = logits_TE.size(0), E = logits_TE.size(1);
+      S* logits = logits_TE.data<S>();
+      const S* b = b_E.data<S>();
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t e = 0; e < E; ++e) logits[t * E + e] += b[e];
       }
     }
   });
 }
 
 // dx_TD (+)= dlogits_TE . W_ED; dW_ED += dlogits_TE^T . x_TD; db_E += sum_t dlogits_TE.
-template <class X, class S>
 void router_linear_backward(Tensor& dx_TD, Tensor& dw_ED, Tensor& db_E, const Tensor& dlogits_TE,
                             const Tensor& x_TD, const Tensor& w_ED, bool accumulate) {
-  const int64_t T = x_TD.size(0), D = x_TD.size(1), E = w_ED.size(0);
-  const X* x = x_TD.data<X>();
-  const X* w = w_ED.data<X>();
-  const S* dl = dlogits_TE.data<S>();
-  X* dx = dx_TD.data<X>();
-  parallel_for(T, 16, [&](int64_t t0, int64_t t1) {
-    std::vector<S> acc(static_cast<size_t>(D));
-    for (int64_t t = t0; t < t1; ++t) {
-      std::fill(acc.begin(), acc.end(), S(0));
-      for (int64_t e = 0; e < E; ++e) {
-        const S g = dl[t * E + e];
-        if (g == S(0)) continue;  // most experts of a token get no gradient
-        const X* wrow = w + e * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += g * S(load<X>(wrow[d]));
-      }
-      X* out = dx + t * D;
-      for (int64_t d = 0; d < D; ++d) {
-        out[d] = store<X>(accumulate ? acc_t<X>(load<X>(out[d]) + acc[d]) : acc_t<X>(acc[d]));
-      }
-    }
-  });
-  S* dw = dw_ED.data<S>();
-  parallel_for(E, 1, [&](int64_t e0, int64_t e1) {
-    std::vector<S> acc(static_cast<size_t>(D));
-    for (int64_t e = e0; e < e1; ++e) {
-      std::fill(acc.begin(), acc.end(), S(0));
-      for (int64_t t = 0; t < T; ++t) {
-        const S g = dl[t * E + e];
-        if (g == S(0)) continue;
-        const X* xrow = x + t * D;
-        for (int64_t d = 0; d < D; ++d) acc[d] += g * S(load<X>(xrow[d]));
-      }
-      for (int64_t d = 0; d < D; ++d) dw[e * D + d] += acc[d];
-    }
-  });
-  if (db_E.defined()) {
-    S* db = db_E.data<S>();
-    for (int64_t e = 0; e < E; ++e) {
-      S sum = 0;
-      for (int64_t t = 0; t < T; ++t) sum += dl[t * E + e];
-      db[e] += sum;
-    }
+  if (dx_TD.dtype() == DType::bf16) {
+    // fp32 product, then one rounding to bf16 (after the add when accumulating).
+    Tensor dx32 = accumulate ? dx_TD.to(DType::f32) : Tensor::empty(dx_TD.shape(), DType::f32);
+    cpu::matmul_backward_dx(dx32, dlogits_TE, upcast(w_ED), accumulate);
+    dx_TD.copy_from(dx32);
+  } else {
+    cpu::matmul_backward_dx(dx_TD, dlogits_TE, w_ED, accumulate);
   }
+  cpu::matmul_backward_dw(dw_ED, dlogits_TE, upcast(x_TD), /*accumulate=*/true);
+  if (!db_E.defined()) return;
+  visit_dtype(dlogits_TE.dtype(), [&]<class S>() {
+    if constexpr (!std::is_same_v<S, bf16>) {
+      const int64_t T = dlogits_TE.size(0), E = dlogits_TE.size(1);
+      const S* dl = dlogits_TE.data<S>();
+      S* db = db_E.data<S>();
+      for (int64_t e = 0; e < E; ++e) {
+        S sum = 0;
+        for (int64_t t = 0; t < T; ++t) sum += dl[t * E + e];
+        db[e] += sum;
+      }
+    }
+  });
 }
 
 }  // namespace
@@ -219,11 +190,10 @@ Routing Router::forward(const Tensor& x_TD) const {
   r.probs_TE = Tensor::empty({T, E}, sd);
   r.weights_TK = Tensor::empty({T, K}, sd);
   r.ids_TK.resize(size_t(T * K));
+  if (T == 0) return r;
+  router_linear_forward(r.logits_TE, x_TD, weight_ED, bias_E);
   visit_dtype(sd, [&]<class S>() {
     if constexpr (!std::is_same_v<S, bf16>) {
-      visit_dtype(dtype_, [&]<class X>() {
-        router_linear_forward<X, S>(r.logits_TE, x_TD, weight_ED, bias_E);
-      });
       const S* logits = r.logits_TE.data<S>();
       for (int64_t i = 0; i < T * E; ++i) {
         TIERMOE_CHECK(std::isfinite(logits[i]),
@@ -302,14 +272,8 @@ void Router::backward(Tensor& dx_TD, const Tensor& dweights_TK, const Tensor& dl
       }
     });
   }
-  visit_dtype(sd, [&]<class S>() {
-    if constexpr (!std::is_same_v<S, bf16>) {
-      visit_dtype(dtype_, [&]<class X>() {
-        router_linear_backward<X, S>(dx_TD, dweight_ED, dbias_E, dlogits_TE, x_TD, weight_ED,
-                                     accumulate);
-      });
-    }
-  });
+  if (T == 0) return;
+  router_linear_backward(dx_TD, dweight_ED, dbias_E, dlogits_TE, x_TD, weight_ED, accumulate);
 }
 
 void Router::update_selection_bias(const std::vector<int64_t>& load_E, double gamma) {

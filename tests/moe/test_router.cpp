@@ -181,6 +181,15 @@ TEST(Router, Bf16UpcastsAndKeepsFp32Logits) {
     EXPECT_TRUE(testing::bitwise_equal(a.logits_TE, b.logits_TE, "logits_TE"));
     EXPECT_TRUE(testing::bitwise_equal(a.weights_TK, b.weights_TK, "weights_TK"));
     EXPECT_EQ(a.ids_TK, b.ids_TK);
+    // Backward: the same fp32 products; dx is rounded to bf16 once, grads stay fp32.
+    Tensor c_TK = random_tensor({9, cfg.top_k}, DType::f32, rng);
+    Tensor dx16 = Tensor::empty({9, cfg.hidden}, DType::bf16);
+    Tensor dx32 = Tensor::empty({9, cfg.hidden}, DType::f32);
+    r16.backward(dx16, c_TK, x16, a);
+    r32.backward(dx32, c_TK, x16.to(DType::f32), b);
+    EXPECT_TRUE(testing::bitwise_equal(dx16, dx32.to(DType::bf16), "dx_TD"));
+    EXPECT_EQ(r16.grad("weight").dtype(), DType::f32);
+    EXPECT_TRUE(testing::bitwise_equal(r16.grad("weight"), r32.grad("weight"), "dweight"));
   }
 }
 
