@@ -222,4 +222,26 @@ inline A rope_angle(int32_t pos, int64_t i, int64_t P, double theta) {
   return inv_freq * A(pos);
 }
 
+// logits_NV [N, V] against targets_N; returns the number of counted targets.
+inline int64_t check_cross_entropy(const Tensor& logits_NV, std::span<const int32_t> targets_N,
+                                   int32_t ignore_index, std::string_view op) {
+  check_rank(logits_NV, 2, "logits_NV", op, "[N, V]");
+  int64_t N = logits_NV.size(0), V = logits_NV.size(1);
+  TIERMOE_CHECK(int64_t(targets_N.size()) == N,
+                std::to_string(targets_N.size()) + " targets for logits " + logits_NV.str(),
+                std::string(op), "one target per logits row");
+  int64_t count = 0;
+  for (size_t t = 0; t < targets_N.size(); ++t) {
+    int32_t id = targets_N[t];
+    if (id == ignore_index) continue;
+    TIERMOE_CHECK(id >= 0 && id < V,
+                  "targets_N[" + std::to_string(t) + "] = " + std::to_string(id) +
+                      " is out of range [0, " + std::to_string(V) + ") and is not the ignore index " +
+                      std::to_string(ignore_index),
+                  std::string(op), "targets must be token ids of this vocabulary, or -100 to skip");
+    ++count;
+  }
+  return count;
+}
+
 }  // namespace tiermoe::nn_detail
