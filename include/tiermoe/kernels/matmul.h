@@ -7,8 +7,18 @@
 // Dtypes: x, w and dy share one compute dtype T. Outputs are T, or f32 when T
 // is bf16 (the f32 accumulator is then kept unrounded, e.g. for fp32 weight
 // gradients). bf16 products accumulate in f32; f32 in f32; f64 in f64.
-// With accumulate = true the result is added to the output (out += ...),
-// otherwise it overwrites it. All tensors are 2-D and contiguous.
+// With accumulate = true the product is added to the output (out += ...;
+// ref sums the product first, then adds), otherwise it overwrites it.
+// All tensors are 2-D and contiguous; outputs may not overlap inputs.
+//
+// Guarantees the parity tests rely on (tests/kernels/test_matmul.cpp):
+// - cpu f64 equals ref f64 bit for bit (same summation order, no FMA).
+// - cpu forward and backward_dx: row i of the result is bitwise the same
+//   whatever the number of rows computed with it (M = 5 or 64, 100 or 128).
+// - cpu backward_dw: appending zero rows to dy and x leaves dw bitwise
+//   unchanged (an expert's rows padded to a bucket).
+// Checked on AVX-512 (brgemm avx512_core / avx512_core_bf16); the AMX path
+// is expected to hold them and the same tests check it on AMX machines.
 #include "tiermoe/core/tensor.h"
 
 namespace tiermoe {
