@@ -1,0 +1,42 @@
+#pragma once
+// Causal grouped-query attention, the scaled dot-product part (Hugging Face
+// eager_attention_forward semantics); ref:: and cpu:: twins.
+//
+//   q, out  [B, T, Hq, P]     k, v  [B, T, Hkv, P]     Hq a multiple of Hkv
+//   query head h reads kv head h / (Hq / Hkv)           (repeat_kv)
+//   s_ij  = cast(cast(q_i . k_j) * P^-0.5)              j <= i (causal)
+//   p_ij  = cast(softmax_j(s_ij))                       softmax in f32
+//   out_i = cast(sum_j p_ij v_j)                        f32 accumulation
+// "cast" rounds to the compute dtype where HF's bf16 tensors would; f32 runs
+// round only in f32 and f64 runs are f64 throughout.
+//
+// lse_BTH [B, T, Hq] (f32; f64 for f64) is each score row's log-sum-exp. The
+// forward saves only it: backward recomputes the probabilities from q, k and
+// lse (flash-attention style), so no T x T matrix is kept. Backward treats the
+// casts as identity and keeps f32 until it rounds the outputs:
+//   dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - sum_j p_ij dp_ij) P^-0.5
+//   dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
+// with dk, dv summed over the query heads of each kv group. Sums run in a
+// fixed order, so results do not depend on the thread count.
+#include "tiermoe/core/tensor.h"
+
+namespace tiermoe {
+
+#define TIERMOE_ATTENTION_DECLS                                                                 \
+  void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,       \
+                         const Tensor& v);                                                      \
+  /* dq, dk, dv (+)= with accumulate */                                                         \
+  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,              \
+                          const Tensor& q, const Tensor& k, const Tensor& v,                   \
+                          const Tensor& lse_BTH, bool accumulate = false);
+
+namespace ref {
+TIERMOE_ATTENTION_DECLS
+}
+namespace cpu {
+TIERMOE_ATTENTION_DECLS
+}
+
+#undef TIERMOE_ATTENTION_DECLS
+
+}  // namespace tiermoe

@@ -1,0 +1,215 @@
+// Flash-attention style on the CPU: nothing of size T x T is stored. k, v
+// (and in backward q, dout) are first repacked head-major in the math dtype,
+// [B, H, T, P], so every dot product reads two contiguous f32/f64 rows.
+//
+// forward   tasks (b, h, block of query rows): scores, softmax and P.v of one
+//           row at a time in O(T) scratch; saves the row's log-sum-exp.
+// backward  pass 1, tasks (b, h, query block): dq and the row term
+//           D_i = sum_j p_ij dp_ij, recomputing p from lse.
+//           pass 2, tasks (b, kv head, key block): dk, dv, recomputing p and
+//           dp for every query row of the group that sees the key.
+// Each output element is owned by one task and summed in a fixed order, so
+// results do not depend on the thread count. Dot products vectorize, so they
+// differ from ref:: by summation order only.
+#include "tiermoe/kernels/attention.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "../nn_common.h"
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe::cpu {
+
+using namespace nn_detail;
+
+namespace {
+
+constexpr int64_t kRowBlock = 16;  // query rows (or keys) per task
+
+template <class A>
+inline A dot(const A* a, const A* b, int64_t n) {
+  A s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+template <class A>
+inline void axpy(A* y, A a, const A* x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+// x [B, T, H, P] in T  ->  [B, H, T, P] in the math dtype.
+template <class T>
+std::vector<acc_t<T>> pack_head_major(const Tensor& x, int64_t B, int64_t Tn, int64_t H,
+                                      int64_t P) {
+  std::vector<acc_t<T>> out(static_cast<size_t>(x.numel()));
+  const T* src = x.data<T>();
+  parallel_for(B * Tn, std::max<int64_t>(1, 4096 / std::max<int64_t>(H * P, 1)),
+               [&](int64_t begin, int64_t end) {
+                 for (int64_t bt = begin; bt < end; ++bt) {
+                   int64_t b = bt / Tn, t = bt % Tn;
+                   for (int64_t h = 0; h < H; ++h) {
+                     const T* s = src + (bt * H + h) * P;
+                     acc_t<T>* d = out.data() + ((b * H + h) * Tn + t) * P;
+                     for (int64_t p = 0; p < P; ++p) d[p] = load(s[p]);
+                   }
+                 }
+               });
+  return out;
+}
+
+// The rounded score HF's eager bf16 code would produce (plain f32/f64 math
+// otherwise). Every pass computes a score through this one function, so
+// forward and both backward passes see identical values.
+template <class T>
+inline acc_t<T> score(const acc_t<T>* qi, const acc_t<T>* kj, int64_t P, acc_t<T> scale) {
+  return round_to<T>(round_to<T>(dot(qi, kj, P)) * scale);
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
+                       const Tensor& v) {
+  AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
+  check_elementwise(out, "out", q, "q", "attention_forward");
+  visit_dtype(q.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    const A scale = A(1.0 / std::sqrt(double(d.P)));
+    const int64_t P = d.P, Tn = d.T;
+    std::vector<A> kp = pack_head_major<T>(k, d.B, Tn, d.Hkv, P);
+    std::vector<A> vp = pack_head_major<T>(v, d.B, Tn, d.Hkv, P);
+    const T* qs = q.data<T>();
+    T* outs = out.data<T>();
+    A* lses = lse_BTH.data<A>();
+    int64_t blocks = (Tn + kRowBlock - 1) / kRowBlock;
+    parallel_for(d.B * d.Hq * blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<A> qi(static_cast<size_t>(P)), o(static_cast<size_t>(P));
+      std::vector<A> s(static_cast<size_t>(Tn));
+      for (int64_t task = begin; task < end; ++task) {
+        int64_t b = task / (d.Hq * blocks), h = task / blocks % d.Hq, blk = task % blocks;
+        const A* kh = kp.data() + (b * d.Hkv + h / d.group()) * Tn * P;
+        const A* vh = vp.data() + (b * d.Hkv + h / d.group()) * Tn * P;
+        for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
+          int64_t at = (b * Tn + i) * d.Hq + h;
+          for (int64_t c = 0; c < P; ++c) qi[size_t(c)] = load(qs[at * P + c]);
+          A m = -INFINITY;
+          for (int64_t j = 0; j <= i; ++j) {
+            s[size_t(j)] = score<T>(qi.data(), kh + j * P, P, scale);
+            m = std::max(m, s[size_t(j)]);
+          }
+          A sum = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            s[size_t(j)] = std::exp(s[size_t(j)] - m);
+            sum += s[size_t(j)];
+          }
+          lses[at] = m + std::log(sum);
+          std::fill(o.begin(), o.end(), A(0));
+          for (int64_t j = 0; j <= i; ++j) {
+            axpy(o.data(), A(round_to<T>(s[size_t(j)] / sum)), vh + j * P, P);
+          }
+          for (int64_t c = 0; c < P; ++c) outs[at * P + c] = store<T>(o[size_t(c)]);
+        }
+      }
+    });
+  });
+}
+
+void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
+                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH,
+                        bool accumulate) {
+  AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
+  check_elementwise(dout, "dout", q, "q", "attention_backward");
+  check_elementwise(dq, "dq", q, "q", "attention_backward");
+  check_elementwise(dk, "dk", k, "k", "attention_backward");
+  check_elementwise(dv, "dv", v, "v", "attention_backward");
+  visit_dtype(q.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    const A scale = A(1.0 / std::sqrt(double(d.P)));
+    const int64_t P = d.P, Tn = d.T, g = d.group();
+    std::vector<A> qp = pack_head_major<T>(q, d.B, Tn, d.Hq, P);
+    std::vector<A> dop = pack_head_major<T>(dout, d.B, Tn, d.Hq, P);
+    std::vector<A> kp = pack_head_major<T>(k, d.B, Tn, d.Hkv, P);
+    std::vector<A> vp = pack_head_major<T>(v, d.B, Tn, d.Hkv, P);
+    // lse and D head-major too: [B, Hq, T].
+    std::vector<A> lse(static_cast<size_t>(d.B * d.Hq * Tn)), D(lse.size());
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t t = 0; t < Tn; ++t)
+        for (int64_t h = 0; h < d.Hq; ++h)
+          lse[size_t((b * d.Hq + h) * Tn + t)] = lse_BTH.data<A>()[(b * Tn + t) * d.Hq + h];
+    int64_t blocks = (Tn + kRowBlock - 1) / kRowBlock;
+
+    // Pass 1: dq and D, one query row at a time.
+    T* dqs = dq.data<T>();
+    parallel_for(d.B * d.Hq * blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<A> p(static_cast<size_t>(Tn)), dp(static_cast<size_t>(Tn));
+      std::vector<A> gq(static_cast<size_t>(P));
+      for (int64_t task = begin; task < end; ++task) {
+        int64_t b = task / (d.Hq * blocks), h = task / blocks % d.Hq, blk = task % blocks;
+        int64_t bh = b * d.Hq + h, bkv = b * d.Hkv + h / g;
+        const A* kh = kp.data() + bkv * Tn * P;
+        const A* vh = vp.data() + bkv * Tn * P;
+        for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
+          const A* qi = qp.data() + (bh * Tn + i) * P;
+          const A* doi = dop.data() + (bh * Tn + i) * P;
+          A lse_i = lse[size_t(bh * Tn + i)];
+          A sum_p_dp = 0;
+          for (int64_t j = 0; j <= i; ++j) {
+            p[size_t(j)] = std::exp(score<T>(qi, kh + j * P, P, scale) - lse_i);
+            dp[size_t(j)] = dot(doi, vh + j * P, P);
+            sum_p_dp += p[size_t(j)] * dp[size_t(j)];
+          }
+          D[size_t(bh * Tn + i)] = sum_p_dp;
+          std::fill(gq.begin(), gq.end(), A(0));
+          for (int64_t j = 0; j <= i; ++j) {
+            axpy(gq.data(), p[size_t(j)] * (dp[size_t(j)] - sum_p_dp) * scale, kh + j * P, P);
+          }
+          T* dqi = dqs + ((b * Tn + i) * d.Hq + h) * P;
+          for (int64_t c = 0; c < P; ++c) put(dqi[c], gq[size_t(c)], accumulate);
+        }
+      }
+    });
+
+    // Pass 2: dk and dv, a block of keys against every query row that sees it.
+    T* dks = dk.data<T>();
+    T* dvs = dv.data<T>();
+    parallel_for(d.B * d.Hkv * blocks, 1, [&](int64_t begin, int64_t end) {
+      std::vector<A> gk(static_cast<size_t>(kRowBlock * P)), gv(gk.size());
+      for (int64_t task = begin; task < end; ++task) {
+        int64_t b = task / (d.Hkv * blocks), kvh = task / blocks % d.Hkv, blk = task % blocks;
+        int64_t bkv = b * d.Hkv + kvh;
+        int64_t j0 = blk * kRowBlock, j1 = std::min(Tn, j0 + kRowBlock);
+        const A* kh = kp.data() + bkv * Tn * P;
+        const A* vh = vp.data() + bkv * Tn * P;
+        std::fill(gk.begin(), gk.end(), A(0));
+        std::fill(gv.begin(), gv.end(), A(0));
+        for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
+          int64_t bh = b * d.Hq + h;
+          for (int64_t i = j0; i < Tn; ++i) {
+            const A* qi = qp.data() + (bh * Tn + i) * P;
+            const A* doi = dop.data() + (bh * Tn + i) * P;
+            A lse_i = lse[size_t(bh * Tn + i)], D_i = D[size_t(bh * Tn + i)];
+            for (int64_t j = j0; j < std::min(j1, i + 1); ++j) {
+              A p = std::exp(score<T>(qi, kh + j * P, P, scale) - lse_i);
+              A ds = p * (dot(doi, vh + j * P, P) - D_i) * scale;
+              axpy(gk.data() + (j - j0) * P, ds, qi, P);
+              axpy(gv.data() + (j - j0) * P, A(round_to<T>(p)), doi, P);
+            }
+          }
+        }
+        for (int64_t j = j0; j < j1; ++j) {
+          int64_t at = ((b * Tn + j) * d.Hkv + kvh) * P;
+          for (int64_t c = 0; c < P; ++c) {
+            put(dks[at + c], gk[size_t((j - j0) * P + c)], accumulate);
+            put(dvs[at + c], gv[size_t((j - j0) * P + c)], accumulate);
+          }
+        }
+      }
+    });
+  });
+}
+
+}  // namespace tiermoe::cpu

@@ -1,0 +1,237 @@
+#include <gtest/gtest.h>
+
+#include <cstring>  // testing.h uses std::memcmp without including it
+#include <vector>
+
+#include "common/testing.h"
+#include "tiermoe/kernels/attention.h"
+#include "tiermoe/kernels/rmsnorm.h"
+#include "tiermoe/kernels/rope.h"
+
+using namespace tiermoe;
+using namespace tiermoe::testing;
+
+namespace {
+
+DType acc_dtype(DType dt) { return dt == DType::f64 ? DType::f64 : DType::f32; }
+
+double weighted_sum(const Tensor& y, const Tensor& r) {
+  double s = 0;
+  for (int64_t i = 0; i < y.numel(); ++i) s += y.get(i) * r.get(i);
+  return s;
+}
+
+struct Dims {
+  int64_t B, T, Hq, Hkv, P;
+};
+
+struct Inputs {
+  Tensor q, k, v;
+};
+Inputs random_inputs(const Dims& d, DType dt, Rng& rng) {
+  return {random_tensor({d.B, d.T, d.Hq, d.P}, dt, rng),
+          random_tensor({d.B, d.T, d.Hkv, d.P}, dt, rng),
+          random_tensor({d.B, d.T, d.Hkv, d.P}, dt, rng)};
+}
+
+struct Grads {
+  Tensor dq, dk, dv;
+};
+template <class Fwd, class Bwd>
+void run(Fwd fwd, Bwd bwd, const Inputs& in, const Tensor& dout, Tensor& out, Tensor& lse,
+         Grads& g) {
+  fwd(out, lse, in.q, in.k, in.v);
+  bwd(g.dq, g.dk, g.dv, dout, in.q, in.k, in.v, lse, false);
+}
+Grads empty_grads(const Inputs& in) {
+  return {Tensor::empty(in.q.shape(), in.q.dtype()), Tensor::empty(in.k.shape(), in.k.dtype()),
+          Tensor::empty(in.v.shape(), in.v.dtype())};
+}
+
+// Tolerances, cpu:: against ref:: (rtol, atol; inputs are N(0, 1)).
+// f64, f32: the twins differ only in the summation order of dot products
+// (vectorized vs left to right) and in backward's p = exp(s - lse) vs
+// exp(s - max) / sum: a few ulps, amplified in gradients by cancellation
+// in (dp - D) and by sums over up to T*g terms, hence an absolute floor.
+// bf16: scores are rounded to bf16 (as HF does) from f32 dots that differ in
+// their last bits, so a score can land one bf16 ulp (2^-8 relative, ~0.01 at
+// |s| ~ 2) apart; that moves a probability by ~1% and the output by about
+// one bf16 ulp of its scale. 4 ulps relative plus 2^-6 absolute covers it;
+// gradients (ds = p (dp - D)) move by about 1% of their scale, so 2^-5.
+struct Tol {
+  double rtol, atol;
+};
+Tol out_tol(DType dt) {
+  switch (dt) {
+    case DType::f64: return {1e-12, 1e-13};
+    case DType::f32: return {1e-5, 1e-6};
+    case DType::bf16: return {1.0 / 32, 1.0 / 64};
+  }
+  return {};
+}
+Tol grad_tol(DType dt) {
+  switch (dt) {
+    case DType::f64: return {1e-11, 1e-12};
+    case DType::f32: return {1e-4, 1e-5};
+    case DType::bf16: return {1.0 / 32, 1.0 / 32};
+  }
+  return {};
+}
+
+const Dims kShapes[] = {
+    {1, 1, 1, 1, 4},    // a single row: only t = 0, which sees itself
+    {2, 3, 2, 2, 7},    // group size 1 (multi-head), odd head dim
+    {1, 17, 4, 2, 64},  // group size 2, T not a multiple of the row block
+    {2, 5, 6, 2, 130},  // group size 3
+    {1, 40, 4, 1, 8},   // multi-query: one kv head for all
+};
+
+}  // namespace
+
+TEST(Attention, CpuMatchesRef) {
+  Rng rng(61);
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    for (const Dims& d : kShapes) {
+      Inputs in = random_inputs(d, dt, rng);
+      Tensor dout = random_tensor(in.q.shape(), dt, rng);
+      Tensor out_ref = Tensor::empty(in.q.shape(), dt), out_cpu = Tensor::empty(in.q.shape(), dt);
+      Tensor lse_ref = Tensor::empty({d.B, d.T, d.Hq}, acc_dtype(dt));
+      Tensor lse_cpu = Tensor::empty({d.B, d.T, d.Hq}, acc_dtype(dt));
+      Grads g_ref = empty_grads(in), g_cpu = empty_grads(in);
+      run(ref::attention_forward, ref::attention_backward, in, dout, out_ref, lse_ref, g_ref);
+      run(cpu::attention_forward, cpu::attention_backward, in, dout, out_cpu, lse_cpu, g_cpu);
+      const std::string what = in.q.str() + " kv " + in.k.str();
+      Tol ot = out_tol(dt), gt = grad_tol(dt);
+      EXPECT_TRUE(all_close(out_cpu, out_ref, ot.rtol, ot.atol, "out " + what));
+      EXPECT_TRUE(all_close(lse_cpu, lse_ref, ot.rtol, ot.atol, "lse " + what));
+      EXPECT_TRUE(all_close(g_cpu.dq, g_ref.dq, gt.rtol, gt.atol, "dq " + what));
+      EXPECT_TRUE(all_close(g_cpu.dk, g_ref.dk, gt.rtol, gt.atol, "dk " + what));
+      EXPECT_TRUE(all_close(g_cpu.dv, g_ref.dv, gt.rtol, gt.atol, "dv " + what));
+
+      // accumulate adds onto what is there.
+      Grads twice = {g_cpu.dq.clone(), g_cpu.dk.clone(), g_cpu.dv.clone()};
+      cpu::attention_backward(twice.dq, twice.dk, twice.dv, dout, in.q, in.k, in.v, lse_cpu, true);
+      Tensor doubled = g_cpu.dk.clone();
+      for (int64_t i = 0; i < doubled.numel(); ++i) doubled.set(i, 2 * g_cpu.dk.get(i));
+      EXPECT_TRUE(all_close(twice.dk, doubled, 0, 0, "accumulated dk " + what));
+    }
+  }
+}
+
+// Row 0 sees only key 0 (p = 1), and no row sees a later key: changing the
+// last position's k and v leaves every earlier output bit-identical.
+TEST(Attention, CausalMask) {
+  Rng rng(62);
+  Dims d{2, 6, 4, 2, 8};
+  for (int twin = 0; twin < 2; ++twin) {
+    auto fwd = twin ? cpu::attention_forward : ref::attention_forward;
+    Inputs in = random_inputs(d, DType::f64, rng);
+    Tensor out = Tensor::empty(in.q.shape(), DType::f64), lse = Tensor::empty({2, 6, 4}, DType::f64);
+    fwd(out, lse, in.q, in.k, in.v);
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t h = 0; h < 4; ++h) {
+        for (int64_t c = 0; c < 8; ++c) {
+          EXPECT_EQ(out.get(((b * 6) * 4 + h) * 8 + c), in.v.get(((b * 6) * 2 + h / 2) * 8 + c));
+        }
+      }
+    }
+    Tensor before = out.clone();
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t i = 0; i < 2 * 8; ++i) {
+        in.k.set((b * 6 + 5) * 16 + i, 100.0 + double(i));
+        in.v.set((b * 6 + 5) * 16 + i, -100.0);
+      }
+    }
+    fwd(out, lse, in.q, in.k, in.v);
+    int64_t changed = 0;
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t i = 0; i < 6 * 32; ++i) {
+        int64_t at = b * 6 * 32 + i;
+        if (i < 5 * 32) ASSERT_EQ(out.get(at), before.get(at)) << "b " << b << " t " << i / 32;
+        else changed += out.get(at) != before.get(at);
+      }
+    }
+    EXPECT_GT(changed, 0) << "the last row must see the changed key";
+  }
+}
+
+// GQA equals multi-head attention on kv heads repeated g times
+// (repeat_interleave, as HF's repeat_kv), and dk/dv are the group sums.
+TEST(Attention, GroupedQueryEqualsRepeatedKv) {
+  Rng rng(63);
+  Dims d{1, 7, 6, 2, 5};
+  int64_t g = d.Hq / d.Hkv;
+  Inputs in = random_inputs(d, DType::f64, rng);
+  Inputs rep{in.q, Tensor::empty({1, 7, 6, 5}, DType::f64), Tensor::empty({1, 7, 6, 5}, DType::f64)};
+  for (int64_t t = 0; t < 7; ++t)
+    for (int64_t h = 0; h < 6; ++h)
+      for (int64_t c = 0; c < 5; ++c) {
+        rep.k.set((t * 6 + h) * 5 + c, in.k.get((t * 2 + h / g) * 5 + c));
+        rep.v.set((t * 6 + h) * 5 + c, in.v.get((t * 2 + h / g) * 5 + c));
+      }
+  Tensor dout = random_tensor(in.q.shape(), DType::f64, rng);
+  for (int twin = 0; twin < 2; ++twin) {
+    auto fwd = twin ? cpu::attention_forward : ref::attention_forward;
+    auto bwd = twin ? cpu::attention_backward : ref::attention_backward;
+    Tensor out = Tensor::empty(in.q.shape(), DType::f64), out_rep = out.clone();
+    Tensor lse = Tensor::empty({1, 7, 6}, DType::f64), lse_rep = lse.clone();
+    Grads gr = empty_grads(in), gr_rep = empty_grads(rep);
+    run(fwd, bwd, in, dout, out, lse, gr);
+    run(fwd, bwd, rep, dout, out_rep, lse_rep, gr_rep);
+    EXPECT_TRUE(bitwise_equal(out, out_rep, "gqa out"));
+    EXPECT_TRUE(all_close(gr.dq, gr_rep.dq, 1e-13, 1e-14, "gqa dq"));
+    for (int64_t t = 0; t < 7; ++t)
+      for (int64_t kvh = 0; kvh < 2; ++kvh)
+        for (int64_t c = 0; c < 5; ++c) {
+          double sk = 0, sv = 0;
+          for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
+            sk += gr_rep.dk.get((t * 6 + h) * 5 + c);
+            sv += gr_rep.dv.get((t * 6 + h) * 5 + c);
+          }
+          EXPECT_NEAR(gr.dk.get((t * 2 + kvh) * 5 + c), sk, 1e-13);
+          EXPECT_NEAR(gr.dv.get((t * 2 + kvh) * 5 + c), sv, 1e-13);
+        }
+  }
+}
+
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  Rng rng(64);
+  for (Dims d : {Dims{2, 4, 4, 2, 3}, Dims{1, 5, 3, 3, 4}}) {
+    Inputs in = random_inputs(d, DType::f64, rng);
+    Tensor r = random_tensor(in.q.shape(), DType::f64, rng);
+    Tensor out = Tensor::empty(in.q.shape(), DType::f64);
+    Tensor lse = Tensor::empty({d.B, d.T, d.Hq}, DType::f64);
+    for (int twin = 0; twin < 2; ++twin) {
+      auto fwd = twin ? cpu::attention_forward : ref::attention_forward;
+      auto bwd = twin ? cpu::attention_backward : ref::attention_backward;
+      auto loss = [&] {
+        fwd(out, lse, in.q, in.k, in.v);
+        return weighted_sum(out, r);
+      };
+      Grads g = empty_grads(in);
+      run(fwd, bwd, in, r, out, lse, g);
+      std::string name = std::string(twin ? "cpu" : "ref") + " attention ";
+      EXPECT_TRUE(fd_check(loss, in.q, g.dq, name + "dq", 1e-6, 1e-8, 96));
+      EXPECT_TRUE(fd_check(loss, in.k, g.dk, name + "dk", 1e-6, 1e-8, 96));
+      EXPECT_TRUE(fd_check(loss, in.v, g.dv, name + "dv", 1e-6, 1e-8, 96));
+    }
+  }
+}
+
+TEST(Attention, RejectsBadShapes) {
+  Tensor q = Tensor::zeros({1, 4, 3, 8}, DType::f32), out = q.clone();
+  Tensor k = Tensor::zeros({1, 4, 2, 8}, DType::f32), v = k.clone();
+  Tensor lse = Tensor::zeros({1, 4, 3}, DType::f32);
+  EXPECT_THROW(cpu::attention_forward(out, lse, q, k, v), Error);  // 3 heads over 2 kv heads
+  EXPECT_THROW(ref::attention_forward(out, lse, q, k, v), Error);
+  Tensor q4 = Tensor::zeros({1, 4, 4, 8}, DType::f32), out4 = q4.clone();
+  Tensor lse4 = Tensor::zeros({1, 4, 4}, DType::f32);
+  Tensor k_short = Tensor::zeros({1, 3, 2, 8}, DType::f32);
+  EXPECT_THROW(cpu::attention_forward(out4, lse4, q4, k_short, k_short), Error);
+  Tensor v_bf16 = Tensor::zeros({1, 4, 2, 8}, DType::bf16);
+  EXPECT_THROW(cpu::attention_forward(out4, lse4, q4, k, v_bf16), Error);
+  Tensor lse_bf16 = Tensor::zeros({1, 4, 4}, DType::bf16);
+  EXPECT_THROW(cpu::attention_forward(out4, lse_bf16, q4, k, v), Error);
+  Tensor lse_t = Tensor::zeros({1, 4, 3}, DType::f32);
+  EXPECT_THROW(cpu::attention_forward(out4, lse_t, q4, k, v), Error);
+}
