@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "common/testing.h"
+#include "tiermoe/core/parallel.h"
 #include "tiermoe/kernels/attention.h"
 #include "tiermoe/kernels/rmsnorm.h"
 #include "tiermoe/kernels/rope.h"
@@ -234,4 +235,147 @@ TEST(Attention, RejectsBadShapes) {
   EXPECT_THROW(cpu::attention_forward(out4, lse_bf16, q4, k, v), Error);
   Tensor lse_t = Tensor::zeros({1, 4, 3}, DType::f32);
   EXPECT_THROW(cpu::attention_forward(out4, lse_t, q4, k, v), Error);
+}
+
+// ---- Qwen3 attention core: per-head q/k RMSNorm, RoPE, then attention ----
+
+namespace {
+
+struct Kernels {
+  decltype(&ref::rmsnorm_forward) norm_fwd;
+  decltype(&ref::rmsnorm_backward) norm_bwd;
+  decltype(&ref::rope_forward) rope_fwd;
+  decltype(&ref::rope_backward) rope_bwd;
+  decltype(&ref::attention_forward) attn_fwd;
+  decltype(&ref::attention_backward) attn_bwd;
+};
+const Kernels kRefKernels{ref::rmsnorm_forward,   ref::rmsnorm_backward,  ref::rope_forward,
+                          ref::rope_backward,     ref::attention_forward, ref::attention_backward};
+const Kernels kCpuKernels{cpu::rmsnorm_forward,   cpu::rmsnorm_backward,  cpu::rope_forward,
+                          cpu::rope_backward,     cpu::attention_forward, cpu::attention_backward};
+
+// The part of Qwen3MoeAttention between the q/k/v projections and o_proj.
+struct Qwen3Core {
+  Dims d;
+  DType dt;
+  Tensor q_raw, k_raw, v, wq_P, wk_P;  // inputs and the two norm weights
+  Tensor cos_RP, sin_RP;
+  static constexpr double kEps = 1e-6;
+
+  Qwen3Core(Dims dims, DType dtype, Rng& rng) : d(dims), dt(dtype) {
+    Inputs in = random_inputs(d, dt, rng);
+    q_raw = in.q, k_raw = in.k, v = in.v;
+    wq_P = random_tensor({d.P}, dt, rng, 0.5);
+    wk_P = random_tensor({d.P}, dt, rng, 0.5);
+    for (int64_t i = 0; i < d.P; ++i) {  // around HF's init of ones
+      wq_P.set(i, 1 + wq_P.get(i));
+      wk_P.set(i, 1 + wk_P.get(i));
+    }
+    std::vector<int32_t> pos;
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t t = 0; t < d.T; ++t) pos.push_back(int32_t(t + 3 * b));  // b 1 starts later
+    cos_RP = Tensor::empty({d.B * d.T, d.P}, dt);
+    sin_RP = Tensor::empty({d.B * d.T, d.P}, dt);
+    ref::rope_tables(cos_RP, sin_RP, pos, 1e6);
+  }
+
+  struct Saved {
+    Tensor rstd_q, rstd_k, q, k, lse, out;  // q, k after norm and RoPE
+  };
+  Saved forward(const Kernels& K) const {
+    Saved s{Tensor::empty({d.B * d.T * d.Hq}, acc_dtype(dt)),
+            Tensor::empty({d.B * d.T * d.Hkv}, acc_dtype(dt)),
+            Tensor::empty(q_raw.shape(), dt),
+            Tensor::empty(k_raw.shape(), dt),
+            Tensor::empty({d.B, d.T, d.Hq}, acc_dtype(dt)),
+            Tensor::empty(q_raw.shape(), dt)};
+    K.norm_fwd(s.q, s.rstd_q, q_raw, wq_P, kEps);
+    K.norm_fwd(s.k, s.rstd_k, k_raw, wk_P, kEps);
+    K.rope_fwd(s.q, s.q, cos_RP, sin_RP);  // in place, as the model does
+    K.rope_fwd(s.k, s.k, cos_RP, sin_RP);
+    K.attn_fwd(s.out, s.lse, s.q, s.k, v);
+    return s;
+  }
+
+  struct Grads {
+    Tensor dq_raw, dk_raw, dv, dwq_P, dwk_P;
+  };
+  Grads backward(const Kernels& K, const Saved& s, const Tensor& dout) const {
+    Grads g{Tensor::empty(q_raw.shape(), dt), Tensor::empty(k_raw.shape(), dt),
+            Tensor::empty(v.shape(), dt), Tensor::empty({d.P}, acc_dtype(dt)),
+            Tensor::empty({d.P}, acc_dtype(dt))};
+    Tensor dq = Tensor::empty(q_raw.shape(), dt), dk = Tensor::empty(k_raw.shape(), dt);
+    K.attn_bwd(dq, dk, g.dv, dout, s.q, s.k, v, s.lse, false);
+    K.rope_bwd(dq, dq, cos_RP, sin_RP, false);
+    K.rope_bwd(dk, dk, cos_RP, sin_RP, false);
+    K.norm_bwd(g.dq_raw, g.dwq_P, dq, q_raw, wq_P, s.rstd_q, false);
+    K.norm_bwd(g.dk_raw, g.dwk_P, dk, k_raw, wk_P, s.rstd_k, false);
+    return g;
+  }
+};
+
+}  // namespace
+
+// Tolerances as for attention alone: the norms and RoPE add only rounding
+// (RoPE is bitwise equal between the twins; the norms differ by ulps of their
+// row sums), which the attention tolerances already cover. In bf16 the
+// normalized q and k can themselves land a bf16 ulp apart (see
+// test_rmsnorm.cpp), moving scores by ~2^-7 of their size, so bf16 gets the
+// gradient tolerance for its output too.
+TEST(Qwen3AttentionCore, CpuMatchesRef) {
+  Rng rng(65);
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    Qwen3Core core(Dims{2, 9, 4, 2, 16}, dt, rng);
+    Tensor dout = random_tensor(core.q_raw.shape(), dt, rng);
+    auto s_ref = core.forward(kRefKernels), s_cpu = core.forward(kCpuKernels);
+    auto g_ref = core.backward(kRefKernels, s_ref, dout);
+    auto g_cpu = core.backward(kCpuKernels, s_cpu, dout);
+    Tol ot = dt == DType::bf16 ? grad_tol(dt) : out_tol(dt), gt = grad_tol(dt);
+    std::string what = " " + std::string(dtype_name(dt));
+    EXPECT_TRUE(all_close(s_cpu.out, s_ref.out, ot.rtol, ot.atol, "out" + what));
+    EXPECT_TRUE(all_close(g_cpu.dq_raw, g_ref.dq_raw, gt.rtol, gt.atol, "dq_raw" + what));
+    EXPECT_TRUE(all_close(g_cpu.dk_raw, g_ref.dk_raw, gt.rtol, gt.atol, "dk_raw" + what));
+    EXPECT_TRUE(all_close(g_cpu.dv, g_ref.dv, gt.rtol, gt.atol, "dv" + what));
+    // dw sums over every row and head: its scale is sqrt(rows) larger.
+    EXPECT_TRUE(all_close(g_cpu.dwq_P, g_ref.dwq_P, gt.rtol, gt.atol * 8, "dwq" + what));
+    EXPECT_TRUE(all_close(g_cpu.dwk_P, g_ref.dwk_P, gt.rtol, gt.atol * 8, "dwk" + what));
+  }
+}
+
+TEST(Qwen3AttentionCore, BackwardMatchesFiniteDifferences) {
+  Rng rng(66);
+  Qwen3Core core(Dims{2, 4, 4, 2, 6}, DType::f64, rng);
+  Tensor r = random_tensor(core.q_raw.shape(), DType::f64, rng);
+  for (const Kernels* K : {&kRefKernels, &kCpuKernels}) {
+    auto loss = [&] { return weighted_sum(core.forward(*K).out, r); };
+    auto g = core.backward(*K, core.forward(*K), r);
+    std::string name = K == &kCpuKernels ? "cpu " : "ref ";
+    EXPECT_TRUE(fd_check(loss, core.q_raw, g.dq_raw, name + "dq_raw", 1e-6, 1e-8, 48));
+    EXPECT_TRUE(fd_check(loss, core.k_raw, g.dk_raw, name + "dk_raw", 1e-6, 1e-8, 48));
+    EXPECT_TRUE(fd_check(loss, core.v, g.dv, name + "dv", 1e-6, 1e-8, 48));
+    EXPECT_TRUE(fd_check(loss, core.wq_P, g.dwq_P, name + "dwq", 1e-6, 1e-8));
+    EXPECT_TRUE(fd_check(loss, core.wk_P, g.dwk_P, name + "dwk", 1e-6, 1e-8));
+  }
+}
+
+// Every output element is owned by one task and summed in a fixed order, so
+// the thread count cannot change a bit.
+TEST(Attention, CpuResultsDoNotDependOnThreadCount) {
+  Rng rng(67);
+  Dims d{2, 37, 4, 2, 24};
+  Inputs in = random_inputs(d, DType::bf16, rng);
+  Tensor dout = random_tensor(in.q.shape(), DType::bf16, rng);
+  std::vector<Tensor> results;
+  for (int threads : {1, 3}) {
+    set_num_threads(threads);
+    Tensor out = Tensor::empty(in.q.shape(), DType::bf16);
+    Tensor lse = Tensor::empty({d.B, d.T, d.Hq}, DType::f32);
+    Grads g = empty_grads(in);
+    run(cpu::attention_forward, cpu::attention_backward, in, dout, out, lse, g);
+    for (Tensor* t : {&out, &lse, &g.dq, &g.dk, &g.dv}) results.push_back(*t);
+  }
+  set_num_threads(0);
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_TRUE(bitwise_equal(results[i + 5], results[i], "result " + std::to_string(i)));
+  }
 }
