@@ -1,0 +1,217 @@
+// The MoE layer as a whole: finite differences, the reference loop, retained
+// bytes, dx-only mode and configuration errors.
+#include "moe/moe_layer_rig.h"
+#include "tiermoe/moe/moe_ref.h"
+
+namespace tiermoe {
+namespace {
+
+using testing::LayerRig;
+using testing::Variant;
+
+// d loss / d every parameter and x of the whole layer (route, dispatch,
+// compute, combine, shared experts) against f64 central differences.
+void check_layer_fd(RouterKind kind, Variant v, AbsorbScores absorb) {
+  SCOPED_TRACE(std::string(testing::router_name(kind)) + " " + testing::variant_name(v) + " " +
+               std::string(absorb_scores_name(absorb)));
+  LayerRig rig(kind, v, DType::f64, 41);
+  PaddedDispatcher disp = PaddedDispatcher::to_multiple(4);
+  MoeLayer layer = rig.layer(absorb, disp);
+  auto loss = [&]() {
+    MoeSaved s;
+    return testing::projected_loss(layer.forward(rig.x_TD, s), rig.P_TD);
+  };
+  auto got = rig.run(layer);
+  EXPECT_TRUE(testing::fd_check(loss, rig.x_TD, got.at("dx"), "dx", 1e-6, 1e-8, 40));
+  for (const auto& n : rig.router->param_names()) {
+    if (rig.router->has_grad(n)) {
+      EXPECT_TRUE(testing::fd_check(loss, rig.router->param(n), got.at("router." + n), "router." + n,
+                                    1e-6, 1e-8, 40));
+    }
+  }
+  for (const auto& n : rig.experts->param_names()) {
+    EXPECT_TRUE(testing::fd_check(loss, rig.experts->param(n), got.at("experts." + n),
+                                  "experts." + n, 1e-6, 1e-8, 40));
+  }
+  if (rig.shared) {
+    for (const auto& n : rig.shared->param_names()) {
+      EXPECT_TRUE(testing::fd_check(loss, rig.shared->param(n), got.at("shared." + n),
+                                    "shared." + n, 1e-6, 1e-8, 40));
+    }
+  }
+}
+
+TEST(MoeLayer, GradientsMatchFiniteDifferences) {
+  check_layer_fd(RouterKind::softmax_topk, Variant::swiglu, AbsorbScores::on);
+  check_layer_fd(RouterKind::softmax_topk, Variant::swiglu, AbsorbScores::off);
+  check_layer_fd(RouterKind::gpt_oss, Variant::gpt_oss_bias, AbsorbScores::on);
+  check_layer_fd(RouterKind::deepseek_v3, Variant::swiglu_shared, AbsorbScores::on);
+  check_layer_fd(RouterKind::softmax_topk, Variant::post_norm, AbsorbScores::automatic);
+}
+
+// The grouped layer against Hugging Face's per-token loop.
+TEST(MoeLayer, MatchesTheReferenceLoop) {
+  struct Case {
+    DType dt;
+    double rtol;  // relative to the output's scale
+  };
+  // f32: both accumulate in f32 in different orders (~1e-6 relative).
+  // bf16: both round h, a, y to bf16; a GEMM summing in another order can
+  // flip one rounding by 1 bf16 ulp (2^-8), which then propagates.
+  for (Case c : {Case{DType::f64, 1e-12}, Case{DType::f32, 1e-5}, Case{DType::bf16, 3e-2}}) {
+    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias, Variant::swiglu_shared,
+                      Variant::post_norm}) {
+      for (AbsorbScores a : {AbsorbScores::automatic, AbsorbScores::off}) {
+        RouterKind kind = v == Variant::gpt_oss_bias ? RouterKind::gpt_oss : RouterKind::softmax_topk;
+        LayerRig rig(kind, v, c.dt, 53);
+        LocalDispatcher disp;
+        MoeLayer layer = rig.layer(a, disp);
+        MoeSaved saved;
+        Tensor out = layer.forward(rig.x_TD, saved);
+        Tensor want = Tensor::empty(out.shape(), c.dt);
+        moe_ref_forward(want, rig.x_TD, saved.routing.ids_TK, saved.routing.weights_TK,
+                        *rig.experts, rig.shared.get());
+        EXPECT_TRUE(testing::close_scaled(out, want, c.rtol,
+                                          std::string(dtype_name(c.dt)) + " " +
+                                              testing::variant_name(v) + " absorb " +
+                                              std::string(absorb_scores_name(a))));
+      }
+    }
+  }
+}
+
+// With absorbed scores the W2 output y_ND is not kept; everything else is
+// the same, so the saved bytes differ by exactly N x D x sizeof(dtype).
+TEST(MoeLayer, AbsorptionSavesExactlyTheW2Output) {
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    for (bool weight_grads : {true, false}) {
+      LayerRig rig(RouterKind::softmax_topk, Variant::swiglu_shared, dt, 61);
+      PaddedDispatcher disp = PaddedDispatcher::to_ladder({4, 8});
+      size_t saved_bytes[2] = {0, 0};
+      int64_t N = 0;
+      for (AbsorbScores a : {AbsorbScores::on, AbsorbScores::off}) {
+        MemoryTracker tracker;
+        MoeLayer layer = rig.layer(a, disp, nullptr, &tracker);
+        MoeSaved saved;
+        layer.forward(rig.x_TD, saved, weight_grads);
+        N = saved.plan.N;
+        saved_bytes[a == AbsorbScores::off] = tracker.live(MemTag::saved);
+        EXPECT_EQ(saved.layer.has("y_ND"), a == AbsorbScores::off);
+        EXPECT_EQ(saved.routed.has("x_ND"), weight_grads);
+        EXPECT_TRUE(saved.routed.has("a_NF") && saved.routed.has("h_N2F"));
+        saved.clear();
+        EXPECT_EQ(tracker.live(MemTag::saved), 0u) << "saved tensors outlived their record";
+      }
+      EXPECT_EQ(saved_bytes[1] - saved_bytes[0], size_t(N * LayerRig::D) * dtype_size(dt))
+          << dtype_name(dt) << " weight_grads " << weight_grads;
+    }
+  }
+}
+
+TEST(MoeLayer, SavedReportNamesEveryTensorByRegion) {
+  LayerRig rig(RouterKind::softmax_topk, Variant::swiglu_shared, DType::f32, 3);
+  LocalDispatcher disp;
+  MoeLayer layer = rig.layer(AbsorbScores::automatic, disp);
+  MoeSaved saved;
+  layer.forward(rig.x_TD, saved);
+  size_t sum = 0;
+  std::vector<std::string> names;
+  for (const auto& e : saved.report()) {
+    names.push_back(e.name);
+    sum += e.bytes;
+  }
+  EXPECT_EQ(sum, saved.bytes());
+  for (const char* want : {"moe.x_TD", "moe.score_N", "moe.weights_TK", "moe.experts.x_ND",
+                           "moe.experts.h_N2F", "moe.experts.a_NF", "moe.shared.h_N2F"}) {
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  }
+  EXPECT_EQ(std::find(names.begin(), names.end(), "moe.y_ND"), names.end());
+}
+
+// Frozen experts (LoRA): forward keeps no x_ND, backward gives the same dx
+// and leaves the expert grads alone.
+TEST(MoeLayer, DxOnlyModeGivesTheSameDx) {
+  LayerRig rig(RouterKind::softmax_topk, Variant::gpt_oss_bias, DType::f64, 71);
+  LocalDispatcher disp;
+  MoeLayer layer = rig.layer(AbsorbScores::on, disp);
+  auto full = rig.run(layer, true);
+  auto lean = rig.run(layer, false);
+  EXPECT_TRUE(testing::bitwise_equal(lean.at("dx"), full.at("dx"), "dx"));
+  EXPECT_TRUE(testing::bitwise_equal(lean.at("out"), full.at("out"), "out"));
+  for (const auto& n : rig.experts->param_names()) {
+    EXPECT_EQ(testing::max_abs(lean.at("experts." + n)), 0.0) << n;
+    EXPECT_GT(testing::max_abs(full.at("experts." + n)), 0.0) << n;
+  }
+}
+
+// A fixed routing (no router) through the same layer: the stub seam. d
+// weights_TK comes back to the caller and matches finite differences.
+TEST(MoeLayer, FixedRoutingReturnsWeightGradients) {
+  const int64_t T = 9, K = 3, E = 5, D = 4, F = 3;
+  Rng rng(83);
+  GroupedExperts ex(testing::experts_config(Variant::swiglu, E, D, F), DType::f64);
+  testing::fill_experts(ex, rng);
+  HostExperts host(ex);
+  Routing r = testing::fixed_routing(T, K, E, DType::f64, rng);
+  Tensor x = testing::random_tensor({T, D}, DType::f64, rng);
+  Tensor P = testing::random_tensor({T, D}, DType::f64, rng);
+  LocalDispatcher disp;
+  for (AbsorbScores a : {AbsorbScores::on, AbsorbScores::off}) {
+    MoeLayer layer(MoeLayerConfig{a}, nullptr, disp, host);
+    auto loss = [&]() {
+      MoeSaved s;
+      return testing::projected_loss(layer.forward(x, testing::copy_routing(r), s), P);
+    };
+    MoeSaved saved;
+    layer.forward(x, testing::copy_routing(r), saved);
+    Tensor dx = Tensor::empty({T, D}, DType::f64);
+    Tensor dw = layer.backward(dx, P, saved);
+    EXPECT_TRUE(testing::fd_check(loss, r.weights_TK, dw, "dweights_TK"));
+    EXPECT_TRUE(testing::fd_check(loss, x, dx, "dx"));
+    EXPECT_THROW(layer.forward(x, saved), Error);  // no router to route with
+  }
+}
+
+TEST(MoeLayer, BadConfigurationIsAClearError) {
+  LayerRig normed(RouterKind::softmax_topk, Variant::post_norm, DType::f32, 1);
+  LocalDispatcher disp;
+  // on + an output postprocess: the error says why.
+  try {
+    normed.layer(AbsorbScores::on, disp);
+    ADD_FAILURE() << "absorb on with a postprocess was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("scale-invariant"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(normed.layer(AbsorbScores::automatic, disp).absorbs_scores());
+  LayerRig plain(RouterKind::softmax_topk, Variant::swiglu, DType::f32, 1);
+  EXPECT_TRUE(plain.layer(AbsorbScores::automatic, disp).absorbs_scores());
+  EXPECT_THROW(parse_absorb_scores("sometimes"), Error);
+  EXPECT_EQ(parse_absorb_scores("off"), AbsorbScores::off);
+
+  // K > E, as a router config and as a routing handed to the layer.
+  RouterConfig rc = testing::router_config(RouterKind::softmax_topk, 6, 8, 9);
+  EXPECT_THROW(Router(rc, DType::f32), Error);
+  Rng rng(2);
+  Routing too_many = testing::fixed_routing(LayerRig::T, 2, 8, DType::f32, rng);
+  too_many.K = 9;
+  MoeLayer fixed(MoeLayerConfig{}, nullptr, disp, *plain.host);
+  MoeSaved saved;
+  EXPECT_THROW(fixed.forward(plain.x_TD, too_many, saved), Error);
+
+  // Router and experts that disagree on E, or on the dtype.
+  Router other_e(testing::router_config(RouterKind::softmax_topk, 6, 4, 2), DType::f32);
+  EXPECT_THROW(MoeLayer(MoeLayerConfig{}, &other_e, disp, *plain.host), Error);
+  Router other_dt(testing::router_config(RouterKind::softmax_topk, 6, 8, 2), DType::f64);
+  EXPECT_THROW(MoeLayer(MoeLayerConfig{}, &other_dt, disp, *plain.host), Error);
+  // Wrong input width or dtype.
+  MoeLayer layer = plain.layer(AbsorbScores::automatic, disp);
+  EXPECT_THROW(layer.forward(Tensor::zeros({3, 5}, DType::f32), saved), Error);
+  EXPECT_THROW(layer.forward(Tensor::zeros({3, 6}, DType::f64), saved), Error);
+  // Backward before forward.
+  MoeSaved empty;
+  Tensor dx = Tensor::empty({3, 6}, DType::f32);
+  EXPECT_THROW(layer.backward(dx, Tensor::zeros({3, 6}, DType::f32), empty), Error);
+}
+
+}  // namespace
+}  // namespace tiermoe
