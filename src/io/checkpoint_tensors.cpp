@@ -2,7 +2,6 @@
 // model-0000i-of-0000n.safetensors plus model.safetensors.index.json.
 #include <cstdio>
 #include <filesystem>
-#include <regex>
 #include <set>
 
 #include "safetensors_common.h"
@@ -63,14 +62,24 @@ std::map<std::string, std::string> read_weight_map(const std::string& index_path
   return weight_map;
 }
 
+// model-DDDDD-of-DDDDD.safetensors
+bool is_shard_name(const std::string& name) {
+  const std::string pattern = "model-#####-of-#####.safetensors";
+  if (name.size() != pattern.size()) return false;
+  for (size_t i = 0; i < name.size(); ++i) {
+    bool ok = pattern[i] == '#' ? (name[i] >= '0' && name[i] <= '9') : name[i] == pattern[i];
+    if (!ok) return false;
+  }
+  return true;
+}
+
 // Removes files of an earlier save that the new one did not rewrite, so a
 // reader never mixes the two (e.g. a stale index over a new single file).
 void remove_stale_files(const fs::path& dir, const std::set<std::string>& written) {
-  static const std::regex shard_pattern(R"(model-\d{5}-of-\d{5}\.safetensors)");
   for (const auto& item : fs::directory_iterator(dir)) {
     std::string name = item.path().filename().string();
     bool ours = name == kSingleFile || name == kIndexFile ||
-                std::regex_match(name, shard_pattern);
+                is_shard_name(name);
     if (ours && !written.count(name)) fs::remove(item.path());
   }
 }

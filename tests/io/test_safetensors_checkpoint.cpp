@@ -1,7 +1,6 @@
 // Sharded checkpoints: huggingface_hub's split and naming, the index, reading
 // back through CheckpointTensors, and index errors.
 #include <nlohmann/json.hpp>
-#include <regex>
 
 #include "common/testing.h"
 #include "io/test_safetensors_util.h"

@@ -84,6 +84,10 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
 // listed in `model.safetensors.index.json`. Names map to their shard.
 class CheckpointTensors {
  public:
+  // `dir` is a checkpoint directory (the index wins over model.safetensors
+  // when both exist) or a single .safetensors file. The index is checked:
+  // every listed shard exists, every mapped tensor is in its shard, every
+  // tensor of a listed shard is mapped, and no tensor is in two shards.
   static CheckpointTensors open(const std::string& dir);
 
   const std::string& dir() const { return dir_; }
@@ -101,10 +105,14 @@ class CheckpointTensors {
   std::map<std::string, size_t> shard_of_;  // name -> index in files_
 };
 
-// Writes `tensors` into `dir` as `model.safetensors`, or, when they exceed
-// `max_shard_bytes`, as `model-0000i-of-0000n.safetensors` shards plus
-// `model.safetensors.index.json` (huggingface_hub's naming; a tensor larger
-// than the limit gets a shard of its own). Returns the files written.
+// Writes `tensors` into `dir` (created if needed) as `model.safetensors`,
+// or, when they exceed `max_shard_bytes`, as `model-0000i-of-0000n.safetensors`
+// shards plus `model.safetensors.index.json` (huggingface_hub's split and
+// naming: shards fill greedily in the given order; a tensor larger than the
+// limit gets a shard of its own). Each file is replaced atomically, the index
+// last; then files of an earlier save in the other layout (a stale index,
+// model.safetensors or surplus shards) are removed. Returns the paths
+// written, the index last.
 std::vector<std::string> save_checkpoint_tensors(const std::string& dir,
                                                  const NamedTensors& tensors,
                                                  uint64_t max_shard_bytes = 5'000'000'000ull);
