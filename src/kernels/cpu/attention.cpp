@@ -1,6 +1,8 @@
-// Flash-attention style on the CPU: nothing of size T x T is stored. k, v
-// (and in backward q, dout) are first repacked head-major in the math dtype,
-// [B, H, T, P], so every dot product reads two contiguous f32/f64 rows.
+// Flash-attention style on the CPU: nothing of size T x T is stored. Inputs
+// are first repacked head-major in the math dtype: q, dout, v as [B, H, T, P]
+// rows, and k, v also transposed, [B, Hkv, P, T], so a row of scores
+// s_j = sum_p q_p k_jp is built by P vectorized passes over j (no horizontal
+// reductions). Each score then sums over p in order, exactly as ref:: does.
 //
 // forward   tasks (b, h, block of query rows): scores, softmax and P.v of one
 //           row at a time in O(T) scratch; saves the row's log-sum-exp.
@@ -9,8 +11,9 @@
 //           pass 2, tasks (b, kv head, key block): dk, dv, recomputing p and
 //           dp for every query row of the group that sees the key.
 // Each output element is owned by one task and summed in a fixed order, so
-// results do not depend on the thread count. Dot products vectorize, so they
-// differ from ref:: by summation order only.
+// results do not depend on the thread count. The forward equals ref::'s bit
+// for bit; backward differs by p = exp(s - lse) against ref's exp(s - m) / sum
+// and in the summation order of dk and dv (ulps).
 #include "tiermoe/kernels/attention.h"
 
 #include <algorithm>
@@ -28,12 +31,11 @@ namespace {
 
 constexpr int64_t kRowBlock = 16;  // query rows (or keys) per task
 
-template <class A>
-inline A dot(const A* a, const A* b, int64_t n) {
-  A s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
+// Tasks per thread chunk: at least ~1M multiply-adds, so small problems (a
+// short sequence, a test) stay on one thread instead of paying for a
+// parallel region per call.
+int64_t task_grain(int64_t Tn, int64_t P) {
+  return std::max<int64_t>(1, (int64_t(1) << 20) / std::max<int64_t>(kRowBlock * Tn * P, 1));
 }
 
 template <class A>
@@ -42,10 +44,11 @@ inline void axpy(A* y, A a, const A* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// x [B, T, H, P] in T  ->  [B, H, T, P] in the math dtype.
+// x [B, T, H, P] in T  ->  [B, H, T, P] in the math dtype, or transposed
+// [B, H, P, T] with `transpose`.
 template <class T>
 std::vector<acc_t<T>> pack_head_major(const Tensor& x, int64_t B, int64_t Tn, int64_t H,
-                                      int64_t P) {
+                                      int64_t P, bool transpose = false) {
   std::vector<acc_t<T>> out(static_cast<size_t>(x.numel()));
   const T* src = x.data<T>();
   parallel_for(B * Tn, std::max<int64_t>(1, 4096 / std::max<int64_t>(H * P, 1)),
@@ -54,20 +57,30 @@ std::vector<acc_t<T>> pack_head_major(const Tensor& x, int64_t B, int64_t Tn, in
                    int64_t b = bt / Tn, t = bt % Tn;
                    for (int64_t h = 0; h < H; ++h) {
                      const T* s = src + (bt * H + h) * P;
-                     acc_t<T>* d = out.data() + ((b * H + h) * Tn + t) * P;
-                     for (int64_t p = 0; p < P; ++p) d[p] = load(s[p]);
+                     acc_t<T>* head = out.data() + (b * H + h) * Tn * P;
+                     for (int64_t p = 0; p < P; ++p) {
+                       (transpose ? head[p * Tn + t] : head[t * P + p]) = load(s[p]);
+                     }
                    }
                  }
                });
   return out;
 }
 
-// The rounded score HF's eager bf16 code would produce (plain f32/f64 math
-// otherwise). Every pass computes a score through this one function, so
-// forward and both backward passes see identical values.
+// dots[j - j0] = sum over p, in order, of x_p * yT[p][j] for j in [j0, j1):
+// one query row against a run of keys (or of values, for dout . v).
+template <class A>
+inline void dot_run(A* dots, const A* x, const A* yT, int64_t P, int64_t Tn, int64_t j0,
+                    int64_t j1) {
+  std::fill(dots, dots + (j1 - j0), A(0));
+  for (int64_t p = 0; p < P; ++p) axpy(dots, x[p], yT + p * Tn + j0, j1 - j0);
+}
+
+// Rounds raw dot products to the scores HF's eager bf16 code would produce
+// (plain f32/f64 math otherwise); forward and both backward passes use it.
 template <class T>
-inline acc_t<T> score(const acc_t<T>* qi, const acc_t<T>* kj, int64_t P, acc_t<T> scale) {
-  return round_to<T>(round_to<T>(dot(qi, kj, P)) * scale);
+inline void to_scores(acc_t<T>* s, int64_t n, acc_t<T> scale) {
+  for (int64_t j = 0; j < n; ++j) s[j] = round_to<T>(round_to<T>(s[j]) * scale);
 }
 
 }  // namespace
@@ -80,27 +93,26 @@ void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tens
     using A = acc_t<T>;
     const A scale = A(1.0 / std::sqrt(double(d.P)));
     const int64_t P = d.P, Tn = d.T;
-    std::vector<A> kp = pack_head_major<T>(k, d.B, Tn, d.Hkv, P);
+    std::vector<A> kT = pack_head_major<T>(k, d.B, Tn, d.Hkv, P, /*transpose=*/true);
     std::vector<A> vp = pack_head_major<T>(v, d.B, Tn, d.Hkv, P);
     const T* qs = q.data<T>();
     T* outs = out.data<T>();
     A* lses = lse_BTH.data<A>();
     int64_t blocks = (Tn + kRowBlock - 1) / kRowBlock;
-    parallel_for(d.B * d.Hq * blocks, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(d.B * d.Hq * blocks, task_grain(Tn, P), [&](int64_t begin, int64_t end) {
       std::vector<A> qi(static_cast<size_t>(P)), o(static_cast<size_t>(P));
       std::vector<A> s(static_cast<size_t>(Tn));
       for (int64_t task = begin; task < end; ++task) {
         int64_t b = task / (d.Hq * blocks), h = task / blocks % d.Hq, blk = task % blocks;
-        const A* kh = kp.data() + (b * d.Hkv + h / d.group()) * Tn * P;
+        const A* kTh = kT.data() + (b * d.Hkv + h / d.group()) * P * Tn;
         const A* vh = vp.data() + (b * d.Hkv + h / d.group()) * Tn * P;
         for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
           int64_t at = (b * Tn + i) * d.Hq + h;
           for (int64_t c = 0; c < P; ++c) qi[size_t(c)] = load(qs[at * P + c]);
+          dot_run(s.data(), qi.data(), kTh, P, Tn, 0, i + 1);
+          to_scores<T>(s.data(), i + 1, scale);
           A m = -INFINITY;
-          for (int64_t j = 0; j <= i; ++j) {
-            s[size_t(j)] = score<T>(qi.data(), kh + j * P, P, scale);
-            m = std::max(m, s[size_t(j)]);
-          }
+          for (int64_t j = 0; j <= i; ++j) m = std::max(m, s[size_t(j)]);
           A sum = 0;
           for (int64_t j = 0; j <= i; ++j) {
             s[size_t(j)] = std::exp(s[size_t(j)] - m);
@@ -133,7 +145,8 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
     std::vector<A> qp = pack_head_major<T>(q, d.B, Tn, d.Hq, P);
     std::vector<A> dop = pack_head_major<T>(dout, d.B, Tn, d.Hq, P);
     std::vector<A> kp = pack_head_major<T>(k, d.B, Tn, d.Hkv, P);
-    std::vector<A> vp = pack_head_major<T>(v, d.B, Tn, d.Hkv, P);
+    std::vector<A> kT = pack_head_major<T>(k, d.B, Tn, d.Hkv, P, /*transpose=*/true);
+    std::vector<A> vT = pack_head_major<T>(v, d.B, Tn, d.Hkv, P, /*transpose=*/true);
     // lse and D head-major too: [B, Hq, T].
     std::vector<A> lse(static_cast<size_t>(d.B * d.Hq * Tn)), D(lse.size());
     for (int64_t b = 0; b < d.B; ++b)
@@ -144,22 +157,25 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
 
     // Pass 1: dq and D, one query row at a time.
     T* dqs = dq.data<T>();
-    parallel_for(d.B * d.Hq * blocks, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(d.B * d.Hq * blocks, task_grain(Tn, P), [&](int64_t begin, int64_t end) {
       std::vector<A> p(static_cast<size_t>(Tn)), dp(static_cast<size_t>(Tn));
       std::vector<A> gq(static_cast<size_t>(P));
       for (int64_t task = begin; task < end; ++task) {
         int64_t b = task / (d.Hq * blocks), h = task / blocks % d.Hq, blk = task % blocks;
         int64_t bh = b * d.Hq + h, bkv = b * d.Hkv + h / g;
         const A* kh = kp.data() + bkv * Tn * P;
-        const A* vh = vp.data() + bkv * Tn * P;
+        const A* kTh = kT.data() + bkv * P * Tn;
+        const A* vTh = vT.data() + bkv * P * Tn;
         for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
           const A* qi = qp.data() + (bh * Tn + i) * P;
           const A* doi = dop.data() + (bh * Tn + i) * P;
           A lse_i = lse[size_t(bh * Tn + i)];
+          dot_run(p.data(), qi, kTh, P, Tn, 0, i + 1);
+          to_scores<T>(p.data(), i + 1, scale);
+          dot_run(dp.data(), doi, vTh, P, Tn, 0, i + 1);
           A sum_p_dp = 0;
           for (int64_t j = 0; j <= i; ++j) {
-            p[size_t(j)] = std::exp(score<T>(qi, kh + j * P, P, scale) - lse_i);
-            dp[size_t(j)] = dot(doi, vh + j * P, P);
+            p[size_t(j)] = std::exp(p[size_t(j)] - lse_i);
             sum_p_dp += p[size_t(j)] * dp[size_t(j)];
           }
           D[size_t(bh * Tn + i)] = sum_p_dp;
@@ -176,14 +192,15 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
     // Pass 2: dk and dv, a block of keys against every query row that sees it.
     T* dks = dk.data<T>();
     T* dvs = dv.data<T>();
-    parallel_for(d.B * d.Hkv * blocks, 1, [&](int64_t begin, int64_t end) {
+    parallel_for(d.B * d.Hkv * blocks, task_grain(Tn, P), [&](int64_t begin, int64_t end) {
       std::vector<A> gk(static_cast<size_t>(kRowBlock * P)), gv(gk.size());
+      std::vector<A> s(static_cast<size_t>(kRowBlock)), dp(s.size());
       for (int64_t task = begin; task < end; ++task) {
         int64_t b = task / (d.Hkv * blocks), kvh = task / blocks % d.Hkv, blk = task % blocks;
         int64_t bkv = b * d.Hkv + kvh;
         int64_t j0 = blk * kRowBlock, j1 = std::min(Tn, j0 + kRowBlock);
-        const A* kh = kp.data() + bkv * Tn * P;
-        const A* vh = vp.data() + bkv * Tn * P;
+        const A* kTh = kT.data() + bkv * P * Tn;
+        const A* vTh = vT.data() + bkv * P * Tn;
         std::fill(gk.begin(), gk.end(), A(0));
         std::fill(gv.begin(), gv.end(), A(0));
         for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
@@ -192,9 +209,13 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
             const A* qi = qp.data() + (bh * Tn + i) * P;
             const A* doi = dop.data() + (bh * Tn + i) * P;
             A lse_i = lse[size_t(bh * Tn + i)], D_i = D[size_t(bh * Tn + i)];
-            for (int64_t j = j0; j < std::min(j1, i + 1); ++j) {
-              A p = std::exp(score<T>(qi, kh + j * P, P, scale) - lse_i);
-              A ds = p * (dot(doi, vh + j * P, P) - D_i) * scale;
+            int64_t j_end = std::min(j1, i + 1);  // causal: keys up to i
+            dot_run(s.data(), qi, kTh, P, Tn, j0, j_end);
+            to_scores<T>(s.data(), j_end - j0, scale);
+            dot_run(dp.data(), doi, vTh, P, Tn, j0, j_end);
+            for (int64_t j = j0; j < j_end; ++j) {
+              A p = std::exp(s[size_t(j - j0)] - lse_i);
+              A ds = p * (dp[size_t(j - j0)] - D_i) * scale;
               axpy(gk.data() + (j - j0) * P, ds, qi, P);
               axpy(gv.data() + (j - j0) * P, A(round_to<T>(p)), doi, P);
             }
