@@ -105,6 +105,7 @@ void HostExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
   check_shape(dx_ND, {N, D}, name() + ": dx_ND");
   check_rows_layout(offset_E, cfg.num_experts, N, name());
   if (score_N.defined()) check_shape(dscore_N, {N}, name() + ": dscore_N");
+  if (weight_grads) experts_->allocate_grads();
   // Rows of experts that got none stay untouched by the loop; padded rows
   // inside an expert's block are computed like any other (their dy is 0).
   for_each_expert(offset_E, [&](int64_t e) {

@@ -48,22 +48,28 @@ GroupedExperts::GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name)
     : cfg_(cfg), dtype_(dtype), name_(std::move(name)) {
   cfg_.validate(name_);
   const int64_t E = cfg_.num_experts, D = cfg_.hidden, F = cfg_.ffn;
-  const DType g = grad_dtype();
   w13_EFD = Tensor::zeros({E, 2 * F, D}, dtype, MemTag::weights);
   w2_EDF = Tensor::zeros({E, D, F}, dtype, MemTag::weights);
-  dw13_EFD = Tensor::zeros({E, 2 * F, D}, g, MemTag::grads);
-  dw2_EDF = Tensor::zeros({E, D, F}, g, MemTag::grads);
   if (cfg_.bias) {
     b13_E2F = Tensor::zeros({E, 2 * F}, dtype, MemTag::weights);
     b2_ED = Tensor::zeros({E, D}, dtype, MemTag::weights);
-    db13_E2F = Tensor::zeros({E, 2 * F}, g, MemTag::grads);
-    db2_ED = Tensor::zeros({E, D}, g, MemTag::grads);
   }
   if (cfg_.post_norm) {
     norm_ED = Tensor::zeros({E, D}, dtype, MemTag::weights);
     norm_ED.fill(1.0);
-    dnorm_ED = Tensor::zeros({E, D}, g, MemTag::grads);
   }
+}
+
+void GroupedExperts::allocate_grads() {
+  if (has_grads()) return;
+  const DType g = grad_dtype();
+  dw13_EFD = Tensor::zeros(w13_EFD.shape(), g, MemTag::grads);
+  dw2_EDF = Tensor::zeros(w2_EDF.shape(), g, MemTag::grads);
+  if (cfg_.bias) {
+    db13_E2F = Tensor::zeros(b13_E2F.shape(), g, MemTag::grads);
+    db2_ED = Tensor::zeros(b2_ED.shape(), g, MemTag::grads);
+  }
+  if (cfg_.post_norm) dnorm_ED = Tensor::zeros(norm_ED.shape(), g, MemTag::grads);
 }
 
 DType GroupedExperts::grad_dtype() const {
@@ -92,11 +98,14 @@ const Tensor& GroupedExperts::param(std::string_view name) const {
 }
 
 Tensor& GroupedExperts::grad(std::string_view name) {
+  allocate_grads();
   return const_cast<Tensor&>(std::as_const(*this).grad(name));
 }
 
 const Tensor& GroupedExperts::grad(std::string_view name) const {
   const Tensor& p = param(name);  // validates the name
+  TIERMOE_CHECK(has_grads(), "gradient '" + std::string(name) + "' read before any backward",
+                name_, "run a backward with weight gradients, or call allocate_grads()");
   if (&p == &w13_EFD) return dw13_EFD;
   if (&p == &w2_EDF) return dw2_EDF;
   if (&p == &b13_E2F) return db13_E2F;
@@ -105,6 +114,7 @@ const Tensor& GroupedExperts::grad(std::string_view name) const {
 }
 
 void GroupedExperts::zero_grad() {
+  if (!has_grads()) return;
   for (const auto& n : param_names()) grad(n).zero();
 }
 
@@ -139,23 +149,24 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
   const int64_t M = dy_MD.size(0), F = cfg_.ffn, D = cfg_.hidden;
   if (M == 0) return;
   const bool absorbed = score_M.defined();
+  TIERMOE_ASSERT(!weight_grads || has_grads(), "allocate_grads() before a parallel backward");
   TIERMOE_CHECK(!weight_grads || acts.x_MD.defined(),
                 "weight gradients need the expert inputs x_ND, which forward did not keep", name_,
                 "run forward with weight_grads = true");
-  // Parameter grads go to scratch when only dx is wanted (frozen experts).
-  auto grad_or_scratch = [&](Tensor g_row) {
-    return weight_grads ? g_row : Tensor::zeros(g_row.shape(), grad_dtype());
+  // Parameter grads of a [D] row go to scratch when only dx is wanted (frozen experts).
+  auto grad_or_scratch = [&](const Tensor& g_ED) {
+    return weight_grads ? g_ED.select(e) : Tensor::zeros({D}, grad_dtype());
   };
 
   Tensor dy = dy_MD;
   if (cfg_.post_norm) {
     dy = Tensor::empty({M, D}, dtype_);
-    Tensor dnorm = grad_or_scratch(dnorm_ED.select(e));
+    Tensor dnorm = grad_or_scratch(dnorm_ED);
     rmsnorm_rows_backward(dy, dnorm, dy_MD, acts.ypre_MD, norm_ED.select(e), acts.rstd_M);
   }
   if (absorbed) dscore_M.zero();
   if (cfg_.bias) {
-    Tensor db2 = grad_or_scratch(db2_ED.select(e));
+    Tensor db2 = grad_or_scratch(db2_ED);
     add_bias_backward(db2, dscore_M, dy, b2_ED.select(e), score_M);
   }
   if (weight_grads) {

@@ -52,7 +52,9 @@ TEST_P(ExpertsGrad, BackwardMatchesFiniteDifferences) {
   for (const auto& name : ex.param_names()) {
     EXPECT_TRUE(testing::fd_check(loss, ex.param(name), ex.grad(name), "d" + name, 1e-6, 1e-8, 48));
   }
-  if (absorbed) EXPECT_TRUE(testing::fd_check(loss, plan.score_N, ds, "dscore_N"));
+  if (absorbed) {
+    EXPECT_TRUE(testing::fd_check(loss, plan.score_N, ds, "dscore_N"));
+  }
 
   // dx alone (frozen experts) gives the same dx and leaves the grads alone.
   ex.zero_grad();
@@ -62,7 +64,9 @@ TEST_P(ExpertsGrad, BackwardMatchesFiniteDifferences) {
   Tensor dx2 = Tensor::empty({N, D}, DType::f64), ds2 = Tensor::zeros({N}, DType::f64);
   host.backward(dx2, ds2, P, plan.offset_E, score_N, lean, /*weight_grads=*/false);
   EXPECT_TRUE(testing::bitwise_equal(dx2, dx, "dx (dx only)"));
-  if (absorbed) EXPECT_TRUE(testing::bitwise_equal(ds2, ds, "dscore (dx only)"));
+  if (absorbed) {
+    EXPECT_TRUE(testing::bitwise_equal(ds2, ds, "dscore (dx only)"));
+  }
   for (const auto& name : ex.param_names()) EXPECT_EQ(testing::max_abs(ex.grad(name)), 0.0) << name;
 }
 

@@ -60,6 +60,7 @@ class GroupedExperts {
  public:
   // Weights are zero; fill them through param(). Weights and biases are stored
   // in `dtype`, gradients in acc_t (f32 for bf16 runs, as fp32 master grads).
+  // Gradients are allocated on first use, so frozen experts never hold them.
   GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name = "experts");
 
   const ExpertsConfig& config() const { return cfg_; }
@@ -74,8 +75,10 @@ class GroupedExperts {
   Tensor& param(std::string_view name);
   const Tensor& param(std::string_view name) const;
   Tensor& grad(std::string_view name);  // same shape, grad_dtype(); accumulated with +=
-  const Tensor& grad(std::string_view name) const;
+  const Tensor& grad(std::string_view name) const;  // Error before the grads exist
   void zero_grad();
+  bool has_grads() const { return dw13_EFD.defined(); }
+  void allocate_grads();  // zeroed; no-op when they exist (not thread-safe: call before a parallel backward)
 
   // Expert e over M rows. acts.h_M2F and acts.a_MF (and ypre_MD, rstd_M with
   // post_norm) are outputs the caller allocated; acts.x_MD is only read by

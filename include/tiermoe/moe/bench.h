@@ -1,0 +1,47 @@
+#pragma once
+// One MoE layer timed end to end (dispatch, experts, combine; the router too),
+// for `tiermoe bench moe-layer` and bench/bench_moe_layer.cpp. Shapes default
+// to Qwen3-30B-A3B (E 128, K 8, D 2048, F 768). Routing is skewed like a real
+// router's: a Zipf-like prior over experts is folded into the router weights,
+// so some experts get many rows and some few.
+#include <cstdint>
+#include <string>
+
+#include "tiermoe/core/dtype.h"
+#include "tiermoe/moe/moe_layer.h"
+
+namespace tiermoe {
+
+enum class MoeBenchMode { fwd, lora, full };  // forward; + dx (frozen experts); + dx and dW
+std::string_view moe_bench_mode_name(MoeBenchMode m);
+MoeBenchMode parse_moe_bench_mode(std::string_view s, std::string_view where = "--mode");
+
+struct MoeBenchOptions {
+  int64_t tokens = 4096;
+  int64_t experts = 128, top_k = 8, hidden = 2048, ffn = 768;
+  DType dtype = DType::bf16;
+  MoeBenchMode mode = MoeBenchMode::full;
+  AbsorbScores absorb_scores = AbsorbScores::automatic;
+  double zipf_exponent = 1.0;  // 0 = uniform routing
+  int warmup = 1, iters = 3;
+  int threads = 0;             // 0 = the process default
+  uint64_t seed = 0;
+};
+
+struct MoeBenchResult {
+  std::string mode, dtype;
+  int64_t tokens = 0;
+  int threads = 0;
+  bool absorbed = false;
+  double seconds = 0;        // median time of one iteration
+  double tokens_per_s = 0;
+  double tflops = 0;         // expert GEMM flops only: 6*N*D*F per pass (fwd, dx, dW)
+  size_t retained_bytes = 0; // what forward kept for backward (MoeSaved::bytes)
+  int64_t max_expert_rows = 0, min_expert_rows = 0;
+
+  std::string to_json() const;  // one object with the keys above
+};
+
+MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt);
+
+}  // namespace tiermoe
