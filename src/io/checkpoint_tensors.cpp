@@ -25,12 +25,6 @@ std::string quoted(const std::string& name) {
   return s;
 }
 
-std::string shard_name(size_t i, size_t n) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
-  return buf;
-}
-
 // Shard names come from a file we did not write: keep them inside the dir.
 void check_shard_name(const std::string& shard, const std::string& where) {
   TIERMOE_CHECK(!shard.empty() && shard != "." && shard != ".." &&
@@ -176,41 +170,67 @@ Tensor CheckpointTensors::load(const std::string& name, DType dtype, MemTag tag)
   return file_of(name).load(name, dtype, tag);
 }
 
+std::vector<std::vector<size_t>> plan_checkpoint_shards(const std::vector<uint64_t>& bytes,
+                                                        uint64_t max_shard_bytes) {
+  TIERMOE_CHECK(max_shard_bytes > 0, "max_shard_bytes must be positive", "checkpoint sharding",
+                "the default is 5 GB");
+  // huggingface_hub's split: fill shards greedily in the given order; a
+  // tensor over the limit becomes a shard of its own while the current shard
+  // keeps filling.
+  std::vector<std::vector<size_t>> shards;
+  std::vector<size_t> current;
+  uint64_t current_bytes = 0;
+  for (size_t i = 0; i < bytes.size(); ++i) {
+    if (bytes[i] > max_shard_bytes) {
+      shards.push_back({i});
+      continue;
+    }
+    if (current_bytes + bytes[i] > max_shard_bytes) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current.push_back(i);
+    current_bytes += bytes[i];
+  }
+  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  return shards;
+}
+
+std::string checkpoint_shard_name(size_t i, size_t n) {
+  if (n == 1) return kSingleFile;
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+void save_checkpoint_index(const std::string& dir,
+                           const std::map<std::string, std::string>& weight_map,
+                           uint64_t total_size) {
+  // transformers writes the index with sorted keys, indent 2 and a newline.
+  nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                          {"weight_map", weight_map}};
+  std::string text = index.dump(2) + "\n";
+  detail::AtomicFile file((fs::path(dir) / kIndexFile).string());
+  file.write(text.data(), text.size());
+  file.commit();
+}
+
 std::vector<std::string> save_checkpoint_tensors(const std::string& dir,
                                                  const NamedTensors& tensors,
                                                  uint64_t max_shard_bytes) {
-  TIERMOE_CHECK(max_shard_bytes > 0, "max_shard_bytes must be positive", dir, "");
   std::set<std::string> names;
+  std::vector<uint64_t> bytes;
   uint64_t total_size = 0;
   for (const auto& [name, t] : tensors) {
     TIERMOE_CHECK(names.insert(name).second, "duplicate tensor name " + quoted(name), dir,
                   "each tensor name may appear once in a checkpoint");
     TIERMOE_CHECK(t.defined(), "tensor " + quoted(name) + " is undefined", dir,
                   "this is a bug in the caller");
+    bytes.push_back(t.nbytes());
     total_size += t.nbytes();
   }
-
-  // huggingface_hub's split: fill shards greedily in the given order; a
-  // tensor over the limit becomes a shard of its own while the current shard
-  // keeps filling.
-  std::vector<NamedTensors> shards;
-  NamedTensors current;
-  uint64_t current_bytes = 0;
-  for (const auto& named : tensors) {
-    uint64_t bytes = named.second.nbytes();
-    if (bytes > max_shard_bytes) {
-      shards.push_back({named});
-      continue;
-    }
-    if (current_bytes + bytes > max_shard_bytes) {
-      shards.push_back(std::move(current));
-      current.clear();
-      current_bytes = 0;
-    }
-    current.push_back(named);
-    current_bytes += bytes;
-  }
-  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
+  const std::vector<std::vector<size_t>> plan = plan_checkpoint_shards(bytes, max_shard_bytes);
 
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -219,30 +239,23 @@ std::vector<std::string> save_checkpoint_tensors(const std::string& dir,
 
   std::vector<std::string> written;
   std::set<std::string> written_names;
-  auto write = [&](const std::string& name, auto&& save) {
-    std::string path = (fs::path(dir) / name).string();
-    save(path);
-    written.push_back(path);
-    written_names.insert(name);
-  };
-  if (shards.size() == 1) {
-    write(kSingleFile, [&](const std::string& path) { save_safetensors(path, shards[0]); });
-  } else {
-    nlohmann::json weight_map = nlohmann::json::object();
-    for (size_t i = 0; i < shards.size(); ++i) {
-      std::string name = shard_name(i, shards.size());
-      write(name, [&](const std::string& path) { save_safetensors(path, shards[i]); });
-      for (const auto& [tensor, t] : shards[i]) weight_map[tensor] = name;
+  std::map<std::string, std::string> weight_map;
+  for (size_t s = 0; s < plan.size(); ++s) {
+    std::string name = checkpoint_shard_name(s, plan.size());
+    NamedTensors shard;
+    for (size_t i : plan[s]) {
+      shard.push_back(tensors[i]);
+      weight_map[tensors[i].first] = name;
     }
+    written.push_back((fs::path(dir) / name).string());
+    save_safetensors(written.back(), shard);
+    written_names.insert(name);
+  }
+  if (plan.size() > 1) {
     // The index goes last: until it lands, readers see the previous save.
-    nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
-                            {"weight_map", std::move(weight_map)}};
-    std::string text = index.dump(2) + "\n";
-    write(kIndexFile, [&](const std::string& path) {
-      detail::AtomicFile file(path);
-      file.write(text.data(), text.size());
-      file.commit();
-    });
+    save_checkpoint_index(dir, weight_map, total_size);
+    written.push_back((fs::path(dir) / kIndexFile).string());
+    written_names.insert(kIndexFile);
   }
   remove_stale_files(dir, written_names);
   return written;

@@ -100,6 +100,30 @@ TEST(SafetensorsCheckpoint, ShardsFollowTheHubSplitAndIndex) {
   EXPECT_TRUE(throws_error_with([&] { ckpt.view("nope"); }, {"'nope'", "checkpoint"}));
 }
 
+TEST(SafetensorsCheckpoint, ShardPlanAndNamesForStreamingWriters) {
+  using Plan = std::vector<std::vector<size_t>>;
+  EXPECT_EQ(plan_checkpoint_shards({16, 16, 16, 16, 120, 16, 16, 16}, 40),
+            (Plan{{0, 1}, {4}, {2, 3}, {5, 6}, {7}}));
+  EXPECT_EQ(plan_checkpoint_shards({5, 5}, 10), (Plan{{0, 1}}));
+  EXPECT_EQ(plan_checkpoint_shards({}, 10), (Plan{{}}));
+  EXPECT_EQ(plan_checkpoint_shards({50}, 10), (Plan{{0}}));
+  EXPECT_EQ(checkpoint_shard_name(0, 1), "model.safetensors");
+  EXPECT_EQ(checkpoint_shard_name(2, 16), "model-00003-of-00016.safetensors");
+
+  TempDir tmp;
+  Tensor t = Tensor::from_values({2}, DType::f32, {1.0, 2.0});
+  save_safetensors(tmp.file(checkpoint_shard_name(0, 2)), {{"a", t}});
+  save_safetensors(tmp.file(checkpoint_shard_name(1, 2)), {{"b", t}});
+  save_checkpoint_index(tmp.path(), {{"a", checkpoint_shard_name(0, 2)},
+                                     {"b", checkpoint_shard_name(1, 2)}},
+                        16);
+  EXPECT_EQ(testing::read_bytes(tmp.file("model.safetensors.index.json")),
+            "{\n  \"metadata\": {\n    \"total_size\": 16\n  },\n  \"weight_map\": {\n"
+            "    \"a\": \"model-00001-of-00002.safetensors\",\n"
+            "    \"b\": \"model-00002-of-00002.safetensors\"\n  }\n}\n");
+  EXPECT_EQ(CheckpointTensors::open(tmp.path()).names(), (std::vector<std::string>{"a", "b"}));
+}
+
 TEST(SafetensorsCheckpoint, ResavingRemovesTheOtherLayoutsFiles) {
   TempDir tmp;
   NamedTensors tensors = shard_tensors();

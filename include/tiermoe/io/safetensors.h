@@ -117,4 +117,17 @@ std::vector<std::string> save_checkpoint_tensors(const std::string& dir,
                                                  const NamedTensors& tensors,
                                                  uint64_t max_shard_bytes = 5'000'000'000ull);
 
+// The pieces of save_checkpoint_tensors, for writers that produce one shard
+// at a time instead of holding the whole model: the hub's split of tensors
+// with these byte sizes (indices into `bytes`, in order; one shard when
+// everything fits), the shard file name ("model.safetensors" when n == 1),
+// and the index (written atomically; `weight_map` is tensor name -> shard
+// file name, `total_size` the sum of tensor bytes).
+std::vector<std::vector<size_t>> plan_checkpoint_shards(const std::vector<uint64_t>& bytes,
+                                                        uint64_t max_shard_bytes);
+std::string checkpoint_shard_name(size_t i, size_t n);
+void save_checkpoint_index(const std::string& dir,
+                           const std::map<std::string, std::string>& weight_map,
+                           uint64_t total_size);
+
 }  // namespace tiermoe
