@@ -30,8 +30,8 @@ class Optimizer {
   // `lr`; then each bf16 working copy is refreshed from its master.
   virtual void step(double lr) = 0;
 
-  // Views of the live state (they alias it; copy before the next step if
-  // they must not change).
+  // Views of the live state (they alias it; clone them if they must outlive
+  // the next step), except step counts, which are fresh f64 [1] tensors.
   virtual OptimizerState state_tensors() const = 0;
   // Copies `state` into this optimizer (and bf16 masters, then working copies).
   virtual void load_state(const OptimizerState& state) = 0;
