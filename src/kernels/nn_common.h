@@ -22,12 +22,11 @@ inline void check_defined(const Tensor& t, std::string_view name, std::string_vi
                 "allocate every output before calling the kernel");
 }
 
-inline void check_dtype_is(const Tensor& t, DType want, std::string_view name,
-                           std::string_view op, std::string_view why) {
+inline void check_dtype_is(const Tensor& t, DType want, std::string_view name, std::string_view op,
+                           std::string_view why) {
   check_defined(t, name, op);
   TIERMOE_CHECK(t.dtype() == want,
-                cat(name, ": expected dtype ") + std::string(dtype_name(want)) + ", got " +
-                    t.str(),
+                cat(name, ": expected dtype ") + std::string(dtype_name(want)) + ", got " + t.str(),
                 std::string(op), std::string(why));
 }
 
@@ -35,8 +34,7 @@ inline void check_same_dtype_as(const Tensor& t, const Tensor& ref, std::string_
                                 std::string_view ref_name, std::string_view op) {
   check_defined(t, name, op);
   TIERMOE_CHECK(t.dtype() == ref.dtype(),
-                cat(name, " is ") + t.str() + " but " + std::string(ref_name) + " is " +
-                    ref.str(),
+                cat(name, " is ") + t.str() + " but " + std::string(ref_name) + " is " + ref.str(),
                 std::string(op), "these operands share one compute dtype");
 }
 
@@ -44,8 +42,7 @@ inline void check_same_shape_as(const Tensor& t, const Tensor& ref, std::string_
                                 std::string_view ref_name, std::string_view op) {
   check_defined(t, name, op);
   TIERMOE_CHECK(t.shape() == ref.shape(),
-                cat(name, " is ") + t.str() + " but " + std::string(ref_name) + " is " +
-                    ref.str(),
+                cat(name, " is ") + t.str() + " but " + std::string(ref_name) + " is " + ref.str(),
                 std::string(op), "these operands must have the same shape");
 }
 
@@ -60,9 +57,19 @@ inline void check_shape_is(const Tensor& t, const Shape& want, std::string_view 
 inline void check_rank(const Tensor& t, int64_t rank, std::string_view name, std::string_view op,
                        std::string_view layout) {
   check_defined(t, name, op);
-  TIERMOE_CHECK(t.dim() == rank, cat(name, ": expected ") + std::string(layout) + ", got " + t.str(),
+  TIERMOE_CHECK(t.dim() == rank,
+                cat(name, ": expected ") + std::string(layout) + ", got " + t.str(),
                 std::string(op), "");
 }
+
+// A tensor of rank >= 1 seen as rows of its last dimension; returns the width.
+inline int64_t check_rows(const Tensor& t, std::string_view name, std::string_view op) {
+  check_defined(t, name, op);
+  TIERMOE_CHECK(t.dim() >= 1, cat(name, ": expected at least one dimension, got ") + t.str(),
+                std::string(op), "");
+  return t.size(-1);
+}
+inline int64_t row_count(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
 
 // The dtype weight gradients and saved statistics use: they sum over rows,
 // so bf16 runs keep them in f32 (the fp32 master weights' dtype).
@@ -102,6 +109,15 @@ inline void put(T& out, acc_t<T> value, bool accumulate) {
   out = store<T>(accumulate ? load<T>(out) + value : value);
 }
 
+// ---- per op: shape checks and shared scalar formulas ----
+
+inline void check_elementwise(const Tensor& out, std::string_view out_name, const Tensor& x,
+                              std::string_view x_name, std::string_view op) {
+  check_defined(x, x_name, op);
+  check_same_shape_as(out, x, out_name, x_name, op);
+  check_same_dtype_as(out, x, out_name, x_name, op);
+}
+
 // SiLU as PyTorch's CPU kernel writes it: x / (1 + exp(-x)).
 template <class A>
 inline A silu(A x) {
@@ -112,15 +128,6 @@ template <class A>
 inline A silu_grad(A x) {
   A s = A(1) / (A(1) + std::exp(-x));
   return s * (A(1) + x * (A(1) - s));
-}
-
-// ---- per-op shape checks (ref:: and cpu:: call the same ones) ----
-
-inline void check_elementwise(const Tensor& out, std::string_view out_name, const Tensor& x,
-                              std::string_view x_name, std::string_view op) {
-  check_defined(x, x_name, op);
-  check_same_shape_as(out, x, out_name, x_name, op);
-  check_same_dtype_as(out, x, out_name, x_name, op);
 }
 
 // h_N2F [N, 2F] (gate then up) against a_NF [N, F]; returns F.
@@ -135,15 +142,6 @@ inline int64_t check_swiglu(const Tensor& a_NF, std::string_view a_name, const T
   return F;
 }
 
-// A tensor of rank >= 1 seen as rows of its last dimension; returns the width.
-inline int64_t check_rows(const Tensor& t, std::string_view name, std::string_view op) {
-  check_defined(t, name, op);
-  TIERMOE_CHECK(t.dim() >= 1, cat(name, ": expected at least one dimension, got ") + t.str(),
-                std::string(op), "");
-  return t.size(-1);
-}
-inline int64_t row_count(const Tensor& t) { return t.size(-1) == 0 ? 0 : t.numel() / t.size(-1); }
-
 // rows_TD ([T, D], the forward output or the backward input) matches ids_T
 // and the table's width D.
 inline void check_embedding(const Tensor& rows_TD, std::string_view rows_name, int64_t D,
@@ -151,8 +149,8 @@ inline void check_embedding(const Tensor& rows_TD, std::string_view rows_name, i
   check_rank(rows_TD, 2, rows_name, op, "[T, D]");
   check_shape_is(rows_TD, {int64_t(ids_T.size()), D}, rows_name, op);
 }
-inline constexpr const char* kIdHint = "token ids must lie in [0, vocab_size): check that the data was "
-                             "tokenized for this model";
+inline constexpr const char* kIdHint =
+    "token ids must lie in [0, vocab_size): check that the data was tokenized for this model";
 
 // Returns D; R = rows of x.
 inline int64_t check_rmsnorm(const Tensor& x, const Tensor& w_D, std::string_view op) {
@@ -199,15 +197,15 @@ inline int64_t check_rope_input(const Tensor& x, std::string_view x_name, const 
 // One rotated pair, rounded after each step as HF's eager code is:
 // y1 = x1*c1 - x2*s1, y2 = x2*c2 + x1*s2 (c1 == c2 for HF tables).
 template <class T>
-inline void rope_pair(T& y1, T& y2, acc_t<T> x1, acc_t<T> x2, acc_t<T> c1, acc_t<T> s1,
-                      acc_t<T> c2, acc_t<T> s2) {
+inline void rope_pair(T& y1, T& y2, acc_t<T> x1, acc_t<T> x2, acc_t<T> c1, acc_t<T> s1, acc_t<T> c2,
+                      acc_t<T> s2) {
   y1 = store<T>(round_to<T>(x1 * c1) + round_to<T>(-x2 * s1));
   y2 = store<T>(round_to<T>(x2 * c2) + round_to<T>(x1 * s2));
 }
 // Its transpose: dx1 = dy1*c1 + dy2*s2, dx2 = dy2*c2 - dy1*s1.
 template <class T>
-inline void rope_pair_backward(T& dx1, T& dx2, acc_t<T> dy1, acc_t<T> dy2, acc_t<T> c1,
-                               acc_t<T> s1, acc_t<T> c2, acc_t<T> s2, bool accumulate) {
+inline void rope_pair_backward(T& dx1, T& dx2, acc_t<T> dy1, acc_t<T> dy2, acc_t<T> c1, acc_t<T> s1,
+                               acc_t<T> c2, acc_t<T> s2, bool accumulate) {
   acc_t<T> g1 = round_to<T>(round_to<T>(dy1 * c1) + round_to<T>(dy2 * s2));
   acc_t<T> g2 = round_to<T>(round_to<T>(dy2 * c2) + round_to<T>(-dy1 * s1));
   put(dx1, g1, accumulate);
@@ -236,8 +234,8 @@ inline int64_t check_cross_entropy(const Tensor& logits_NV, std::span<const int3
     if (id == ignore_index) continue;
     TIERMOE_CHECK(id >= 0 && id < V,
                   "targets_N[" + std::to_string(t) + "] = " + std::to_string(id) +
-                      " is out of range [0, " + std::to_string(V) + ") and is not the ignore index " +
-                      std::to_string(ignore_index),
+                      " is out of range [0, " + std::to_string(V) +
+                      ") and is not the ignore index " + std::to_string(ignore_index),
                   std::string(op), "targets must be token ids of this vocabulary, or -100 to skip");
     ++count;
   }

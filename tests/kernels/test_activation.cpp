@@ -51,7 +51,8 @@ TEST(Silu, KnownValuesAndSaturation) {
   EXPECT_NEAR(y.get(2), -1.0 / (1.0 + std::exp(1.0)), 1e-15);
   EXPECT_EQ(y.get(3), 800.0);  // exp(-800) underflows to 0: silu(x) = x
   EXPECT_EQ(y.get(4), 0.0);    // exp(800) overflows to inf: -800 / inf = -0, not NaN
-  Tensor dx = Tensor::empty({5}, DType::f64), dy = Tensor::from_values({5}, DType::f64, {1, 1, 1, 1, 1});
+  Tensor dx = Tensor::empty({5}, DType::f64),
+         dy = Tensor::from_values({5}, DType::f64, {1, 1, 1, 1, 1});
   cpu::silu_backward(dx, dy, x);
   EXPECT_EQ(dx.get(0), 0.5);
   EXPECT_EQ(dx.get(3), 1.0);

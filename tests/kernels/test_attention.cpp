@@ -65,17 +65,23 @@ struct Tol {
 };
 Tol out_tol(DType dt) {
   switch (dt) {
-    case DType::f64: return {1e-12, 1e-13};
-    case DType::f32: return {1e-5, 1e-6};
-    case DType::bf16: return {1.0 / 32, 1.0 / 64};
+    case DType::f64:
+      return {1e-12, 1e-13};
+    case DType::f32:
+      return {1e-5, 1e-6};
+    case DType::bf16:
+      return {1.0 / 32, 1.0 / 64};
   }
   return {};
 }
 Tol grad_tol(DType dt) {
   switch (dt) {
-    case DType::f64: return {1e-11, 1e-12};
-    case DType::f32: return {1e-4, 1e-5};
-    case DType::bf16: return {1.0 / 32, 1.0 / 32};
+    case DType::f64:
+      return {1e-11, 1e-12};
+    case DType::f32:
+      return {1e-4, 1e-5};
+    case DType::bf16:
+      return {1.0 / 32, 1.0 / 32};
   }
   return {};
 }
@@ -129,7 +135,8 @@ TEST(Attention, CausalMask) {
   for (int twin = 0; twin < 2; ++twin) {
     auto fwd = twin ? cpu::attention_forward : ref::attention_forward;
     Inputs in = random_inputs(d, DType::f64, rng);
-    Tensor out = Tensor::empty(in.q.shape(), DType::f64), lse = Tensor::empty({2, 6, 4}, DType::f64);
+    Tensor out = Tensor::empty(in.q.shape(), DType::f64),
+           lse = Tensor::empty({2, 6, 4}, DType::f64);
     fwd(out, lse, in.q, in.k, in.v);
     for (int64_t b = 0; b < 2; ++b) {
       for (int64_t h = 0; h < 4; ++h) {
@@ -150,8 +157,10 @@ TEST(Attention, CausalMask) {
     for (int64_t b = 0; b < 2; ++b) {
       for (int64_t i = 0; i < 6 * 32; ++i) {
         int64_t at = b * 6 * 32 + i;
-        if (i < 5 * 32) ASSERT_EQ(out.get(at), before.get(at)) << "b " << b << " t " << i / 32;
-        else changed += out.get(at) != before.get(at);
+        if (i < 5 * 32)
+          ASSERT_EQ(out.get(at), before.get(at)) << "b " << b << " t " << i / 32;
+        else
+          changed += out.get(at) != before.get(at);
       }
     }
     EXPECT_GT(changed, 0) << "the last row must see the changed key";
@@ -165,7 +174,8 @@ TEST(Attention, GroupedQueryEqualsRepeatedKv) {
   Dims d{1, 7, 6, 2, 5};
   int64_t g = d.Hq / d.Hkv;
   Inputs in = random_inputs(d, DType::f64, rng);
-  Inputs rep{in.q, Tensor::empty({1, 7, 6, 5}, DType::f64), Tensor::empty({1, 7, 6, 5}, DType::f64)};
+  Inputs rep{in.q, Tensor::empty({1, 7, 6, 5}, DType::f64),
+             Tensor::empty({1, 7, 6, 5}, DType::f64)};
   for (int64_t t = 0; t < 7; ++t)
     for (int64_t h = 0; h < 6; ++h)
       for (int64_t c = 0; c < 5; ++c) {
@@ -251,10 +261,10 @@ struct Kernels {
   decltype(&ref::attention_forward) attn_fwd;
   decltype(&ref::attention_backward) attn_bwd;
 };
-const Kernels kRefKernels{ref::rmsnorm_forward,   ref::rmsnorm_backward,  ref::rope_forward,
-                          ref::rope_backward,     ref::attention_forward, ref::attention_backward};
-const Kernels kCpuKernels{cpu::rmsnorm_forward,   cpu::rmsnorm_backward,  cpu::rope_forward,
-                          cpu::rope_backward,     cpu::attention_forward, cpu::attention_backward};
+const Kernels kRefKernels{ref::rmsnorm_forward, ref::rmsnorm_backward,  ref::rope_forward,
+                          ref::rope_backward,   ref::attention_forward, ref::attention_backward};
+const Kernels kCpuKernels{cpu::rmsnorm_forward, cpu::rmsnorm_backward,  cpu::rope_forward,
+                          cpu::rope_backward,   cpu::attention_forward, cpu::attention_backward};
 
 // The part of Qwen3MoeAttention between the q/k/v projections and o_proj.
 struct Qwen3Core {

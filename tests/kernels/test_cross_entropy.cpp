@@ -62,7 +62,8 @@ TEST(CrossEntropy, CpuMatchesRef) {
         // The loss in f32 math against an f64 evaluation of the same logits.
         EXPECT_NEAR(l_ref, loss_f64(logits, targets), loss_tol * std::abs(l_ref) + 1e-12) << what;
         double scale = 0.7 / double(N);  // an upper bound on every gradient entry
-        EXPECT_TRUE(all_close(d_cpu, d_ref, grad_rtol, grad_rtol * scale * 1e-2, "dlogits " + what));
+        EXPECT_TRUE(
+            all_close(d_cpu, d_ref, grad_rtol, grad_rtol * scale * 1e-2, "dlogits " + what));
       }
     }
   }

@@ -38,7 +38,8 @@ TEST(Embedding, CpuMatchesRefBitwise) {
       }
 
       Tensor dout = random_tensor({T, D}, dt, rng);
-      Tensor dtable_ref = random_tensor({V, D}, grad_dtype(dt), rng), dtable_cpu = dtable_ref.clone();
+      Tensor dtable_ref = random_tensor({V, D}, grad_dtype(dt), rng),
+             dtable_cpu = dtable_ref.clone();
       for (bool acc : {true, false}) {
         ref::embedding_backward(dtable_ref, dout, ids, acc);
         cpu::embedding_backward(dtable_cpu, dout, ids, acc);
@@ -74,7 +75,8 @@ TEST(Embedding, BackwardMatchesFiniteDifferences) {
   for (bool use_cpu : {false, true}) {
     Tensor dtable = Tensor::empty({6, 5}, DType::f64);
     use_cpu ? cpu::embedding_backward(dtable, r, ids) : ref::embedding_backward(dtable, r, ids);
-    EXPECT_TRUE(fd_check(loss, table, dtable, use_cpu ? "cpu dtable" : "ref dtable", 1e-6, 1e-8, 30));
+    EXPECT_TRUE(
+        fd_check(loss, table, dtable, use_cpu ? "cpu dtable" : "ref dtable", 1e-6, 1e-8, 30));
   }
 }
 
@@ -82,7 +84,8 @@ TEST(Embedding, OutOfRangeIdNamesPositionAndValue) {
   Tensor table = Tensor::zeros({10, 4}, DType::f32);
   Tensor out = Tensor::empty({3, 4}, DType::f32);
   Tensor dtable = Tensor::empty({10, 4}, DType::f32);
-  for (std::vector<int32_t> ids : {std::vector<int32_t>{1, 2, 10}, std::vector<int32_t>{1, 2, -1}}) {
+  for (std::vector<int32_t> ids :
+       {std::vector<int32_t>{1, 2, 10}, std::vector<int32_t>{1, 2, -1}}) {
     for (int twin = 0; twin < 2; ++twin) {
       try {
         twin ? cpu::embedding_forward(out, table, ids) : ref::embedding_forward(out, table, ids);

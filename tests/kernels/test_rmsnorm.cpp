@@ -29,9 +29,12 @@ struct Tol {
 };
 Tol tol_for(DType dt) {
   switch (dt) {
-    case DType::f64: return {1e-12, 1e-13, 1e-11, 1e-12};
-    case DType::f32: return {1e-5, 1e-5, 1e-4, 1e-5};
-    case DType::bf16: return {1.0 / 64, 1e-5, 1.0 / 64, 1e-4};
+    case DType::f64:
+      return {1e-12, 1e-13, 1e-11, 1e-12};
+    case DType::f32:
+      return {1e-5, 1e-5, 1e-4, 1e-5};
+    case DType::bf16:
+      return {1.0 / 64, 1e-5, 1.0 / 64, 1e-4};
   }
   return {};
 }
@@ -48,7 +51,8 @@ TEST(RmsNorm, CpuMatchesRef) {
       Tensor x = random_tensor(shape, dt, rng, 2.0);
       Tensor w = random_tensor({D}, dt, rng);
       Tensor y_ref = Tensor::empty(shape, dt), y_cpu = Tensor::empty(shape, dt);
-      Tensor rstd_ref = Tensor::empty({R}, acc_dtype(dt)), rstd_cpu = Tensor::empty({R}, acc_dtype(dt));
+      Tensor rstd_ref = Tensor::empty({R}, acc_dtype(dt)),
+             rstd_cpu = Tensor::empty({R}, acc_dtype(dt));
       ref::rmsnorm_forward(y_ref, rstd_ref, x, w, 1e-6);
       cpu::rmsnorm_forward(y_cpu, rstd_cpu, x, w, 1e-6);
       const std::string what = x.str();

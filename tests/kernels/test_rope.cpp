@@ -31,7 +31,8 @@ double weighted_sum(const Tensor& y, const Tensor& r) {
 TEST(Rope, CpuMatchesRefBitwise) {
   Rng rng(41);
   for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
-    for (auto [B, T, H, P] : {std::tuple{1, 1, 1, 2}, {2, 3, 3, 8}, {1, 17, 4, 64}, {3, 5, 2, 130}}) {
+    for (auto [B, T, H, P] :
+         {std::tuple{1, 1, 1, 2}, {2, 3, 3, 8}, {1, 17, 4, 64}, {3, 5, 2, 130}}) {
       std::vector<int32_t> pos = positions(B, T, 1000);
       int64_t R = B * T;
       Tensor c_ref = Tensor::empty({R, P}, dt), s_ref = Tensor::empty({R, P}, dt);
@@ -71,8 +72,10 @@ TEST(Rope, TablesFollowTheFormula) {
     for (int64_t r = 0; r < 4; ++r) {
       for (int64_t i = 0; i < P; ++i) {
         double ang = pos[size_t(r)] * std::pow(theta, -2.0 * double(i % (P / 2)) / double(P));
-        EXPECT_NEAR(c.get(r * P + i), std::cos(ang), atol) << dtype_name(dt) << " r " << r << " i " << i;
-        EXPECT_NEAR(s.get(r * P + i), std::sin(ang), atol) << dtype_name(dt) << " r " << r << " i " << i;
+        EXPECT_NEAR(c.get(r * P + i), std::cos(ang), atol)
+            << dtype_name(dt) << " r " << r << " i " << i;
+        EXPECT_NEAR(s.get(r * P + i), std::sin(ang), atol)
+            << dtype_name(dt) << " r " << r << " i " << i;
       }
     }
   }
@@ -152,11 +155,14 @@ TEST(Rope, RejectsBadShapes) {
   std::vector<int32_t> two = {0, 1};
   EXPECT_THROW(cpu::rope_tables(c, s, two, 1e4), Error);
   cpu::rope_tables(c, s, pos, 1e4);
-  Tensor x_rows = Tensor::zeros({2, 2, 4}, DType::f32), y_rows = Tensor::zeros({2, 2, 4}, DType::f32);
+  Tensor x_rows = Tensor::zeros({2, 2, 4}, DType::f32),
+         y_rows = Tensor::zeros({2, 2, 4}, DType::f32);
   EXPECT_THROW(cpu::rope_forward(y_rows, x_rows, c, s), Error);
   EXPECT_THROW(ref::rope_forward(y_rows, x_rows, c, s), Error);
-  Tensor x_width = Tensor::zeros({3, 2, 6}, DType::f32), y_width = Tensor::zeros({3, 2, 6}, DType::f32);
+  Tensor x_width = Tensor::zeros({3, 2, 6}, DType::f32),
+         y_width = Tensor::zeros({3, 2, 6}, DType::f32);
   EXPECT_THROW(cpu::rope_forward(y_width, x_width, c, s), Error);
-  Tensor x_bf16 = Tensor::zeros({3, 2, 4}, DType::bf16), y_bf16 = Tensor::zeros({3, 2, 4}, DType::bf16);
+  Tensor x_bf16 = Tensor::zeros({3, 2, 4}, DType::bf16),
+         y_bf16 = Tensor::zeros({3, 2, 4}, DType::bf16);
   EXPECT_THROW(cpu::rope_backward(y_bf16, x_bf16, c, s), Error);
 }

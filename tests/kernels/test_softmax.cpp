@@ -23,9 +23,12 @@ double weighted_sum(const Tensor& y, const Tensor& r) {
 // ulp apart: up to 2^-7 relative at the bottom of a binade.
 double rtol_for(DType out) {
   switch (out) {
-    case DType::f64: return 1e-12;
-    case DType::f32: return 1e-5;
-    case DType::bf16: return 1.0 / 128;
+    case DType::f64:
+      return 1e-12;
+    case DType::f32:
+      return 1e-5;
+    case DType::bf16:
+      return 1.0 / 128;
   }
   return 0;
 }
@@ -33,8 +36,10 @@ double rtol_for(DType out) {
 struct Case {
   DType in, out;
 };
-const Case kCases[] = {{DType::f64, DType::f64}, {DType::f32, DType::f32},
-                       {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}};
+const Case kCases[] = {{DType::f64, DType::f64},
+                       {DType::f32, DType::f32},
+                       {DType::bf16, DType::bf16},
+                       {DType::bf16, DType::f32}};
 
 }  // namespace
 

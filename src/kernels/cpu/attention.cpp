@@ -47,8 +47,8 @@ inline void axpy(A* y, A a, const A* x, int64_t n) {
 // x [B, T, H, P] in T  ->  [B, H, T, P] in the math dtype, or transposed
 // [B, H, P, T] with `transpose`.
 template <class T>
-std::vector<acc_t<T>> pack_head_major(const Tensor& x, int64_t B, int64_t Tn, int64_t H,
-                                      int64_t P, bool transpose = false) {
+std::vector<acc_t<T>> pack_head_major(const Tensor& x, int64_t B, int64_t Tn, int64_t H, int64_t P,
+                                      bool transpose = false) {
   std::vector<acc_t<T>> out(static_cast<size_t>(x.numel()));
   const T* src = x.data<T>();
   parallel_for(B * Tn, std::max<int64_t>(1, 4096 / std::max<int64_t>(H * P, 1)),
@@ -131,8 +131,7 @@ void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tens
 }
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH,
-                        bool accumulate) {
+                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH, bool accumulate) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");

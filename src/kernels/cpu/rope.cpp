@@ -14,7 +14,9 @@ namespace tiermoe::cpu {
 using namespace nn_detail;
 
 namespace {
-int64_t row_grain(int64_t width) { return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1)); }
+int64_t row_grain(int64_t width) {
+  return std::max<int64_t>(1, 16384 / std::max<int64_t>(width, 1));
+}
 }  // namespace
 
 void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R, double theta) {

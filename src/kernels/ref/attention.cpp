@@ -69,8 +69,7 @@ void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tens
 // Recomputes each probability row from q and k (ref:: does not read lse),
 // accumulates all three gradients in the math dtype, then rounds once.
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH,
-                        bool accumulate) {
+                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH, bool accumulate) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");

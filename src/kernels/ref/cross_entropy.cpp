@@ -53,8 +53,7 @@ double cross_entropy_forward(const Tensor& logits_NV, std::span<const int32_t> t
 
 double cross_entropy_forward_backward(Tensor& dlogits_NV, const Tensor& logits_NV,
                                       std::span<const int32_t> targets_N, double dloss) {
-  return cross_entropy(&dlogits_NV, logits_NV, targets_N, dloss,
-                       "cross_entropy_forward_backward");
+  return cross_entropy(&dlogits_NV, logits_NV, targets_N, dloss, "cross_entropy_forward_backward");
 }
 
 }  // namespace tiermoe::ref

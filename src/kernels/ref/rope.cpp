@@ -41,8 +41,8 @@ void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor
         const T* xh = x.data<T>() + (r * H + h) * P;
         T* yh = y.data<T>() + (r * H + h) * P;
         for (int64_t i = 0; i < half; ++i) {
-          rope_pair<T>(yh[i], yh[i + half], load(xh[i]), load(xh[i + half]), load(c[i]),
-                       load(s[i]), load(c[i + half]), load(s[i + half]));
+          rope_pair<T>(yh[i], yh[i + half], load(xh[i]), load(xh[i + half]), load(c[i]), load(s[i]),
+                       load(c[i + half]), load(s[i + half]));
         }
       }
     }

@@ -22,7 +22,8 @@ void softmax_forward(Tensor& y_RC, const Tensor& x_RC) {
                    for (int64_t c = 0; c < C; ++c) m = std::max(m, A(load(x[c])));
                    A sum = 0;
                    for (int64_t c = 0; c < C; ++c) sum += std::exp(A(load(x[c])) - m);
-                   for (int64_t c = 0; c < C; ++c) y[c] = store<Y>(std::exp(A(load(x[c])) - m) / sum);
+                   for (int64_t c = 0; c < C; ++c)
+                     y[c] = store<Y>(std::exp(A(load(x[c])) - m) / sum);
                  }
                });
 }
