@@ -63,6 +63,8 @@ SafetensorsEntry parse_entry(const std::string& name, const json& info, const st
   const std::string hint = "tensor entries are {\"dtype\": str, \"shape\": [int...], "
                            "\"data_offsets\": [begin, end]}";
   TIERMOE_CHECK(info.is_object(), "tensor entry is not a JSON object (schema)", where, hint);
+  // Stricter than the Rust reader, which ignores unknown fields: the schema
+  // forbids them, and a field we would ignore may carry meaning (strides).
   for (const auto& [key, value] : info.items()) {
     TIERMOE_CHECK(key == "dtype" || key == "shape" || key == "data_offsets",
                   "tensor entry has an unknown field \"" + detail::printable(key) + "\" (schema)",
