@@ -1,8 +1,10 @@
 #include "onednn.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <unordered_map>
 
 #include "tiermoe/core/error.h"
@@ -48,8 +50,30 @@ struct KeyHash {
 
 struct Entry {
   dnnl::matmul primitive;
-  memory::desc a, b, c;
+  memory::desc a, b, c, scratchpad;
 };
+
+// Primitives are shared by every thread that asks for the same shape, so
+// their scratch memory cannot live inside them: with oneDNN's default
+// (library-owned) scratchpad, two threads running one primitive at once
+// write into the same buffer and get wrong results (the MoE layer runs
+// experts on several threads at once). Each thread brings its own instead.
+void* thread_scratchpad(size_t bytes) {
+  struct Buffer {
+    void* ptr = nullptr;
+    size_t size = 0;
+    ~Buffer() { std::free(ptr); }
+  };
+  thread_local Buffer buf;
+  if (bytes > buf.size) {
+    std::free(buf.ptr);
+    size_t padded = (bytes + 4095) / 4096 * 4096;
+    buf.ptr = std::aligned_alloc(4096, padded);
+    if (!buf.ptr) throw std::bad_alloc();
+    buf.size = padded;
+  }
+  return buf.ptr;
+}
 
 // Training sees one row count per expert per step, and these recur, so the
 // cache stays small in practice; the cap only guards against a pathological
@@ -82,6 +106,7 @@ class PrimitiveCache {
     e.b = memory::desc({s.K, s.N}, in, s.b_transposed ? memory::dims{1, s.K} : memory::dims{s.N, 1});
     e.c = memory::desc({s.M, s.N}, out, {s.N, 1});
     dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (s.accumulate) {
       dnnl::post_ops ops;
       ops.append_sum(1.0f);
@@ -89,6 +114,7 @@ class PrimitiveCache {
     }
     dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(e.a, e.b, e.c), attr, engine());
     e.primitive = dnnl::matmul(pd);
+    e.scratchpad = pd.scratchpad_desc();
     return e;
   }
 
@@ -143,7 +169,11 @@ void gemm(const GemmShape& s, const void* a, const void* b, void* c) {
     memory am(e.a, engine(), const_cast<void*>(a));
     memory bm(e.b, engine(), const_cast<void*>(b));
     memory cm(e.c, engine(), c);
-    e.primitive.execute(stream(), {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+    memory sm(e.scratchpad, engine(), thread_scratchpad(e.scratchpad.get_size()));
+    e.primitive.execute(stream(), {{DNNL_ARG_SRC, am},
+                                   {DNNL_ARG_WEIGHTS, bm},
+                                   {DNNL_ARG_DST, cm},
+                                   {DNNL_ARG_SCRATCHPAD, sm}});
     stream().wait();
   } catch (const dnnl::error& err) {
     throw Error(detail::str_of("oneDNN matmul failed (", err.what(), ") for ", shape_text(s)),
