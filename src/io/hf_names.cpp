@@ -1,5 +1,8 @@
 #include "tiermoe/io/hf_names.h"
 
+#include <algorithm>
+#include <cmath>
+#include <numbers>
 #include <string_view>
 
 namespace tiermoe {
@@ -87,30 +90,56 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
   return out;
 }
 
-uint64_t hf_init_seed(uint64_t seed, const std::string& name) {
-  // The name hash goes through Rng's splitmix64 seeding, so nearby seeds and
-  // similar names still give unrelated streams.
-  return seed ^ fnv1a64(name);
+uint64_t hf_init_seed(uint64_t seed, const std::string& name, int64_t block) {
+  // Rng seeds through splitmix64, so seeds that differ in any bit give
+  // unrelated streams.
+  return seed ^ fnv1a64(name) ^ (uint64_t(block) * 0x9e3779b97f4a7c15ull);
 }
 
 Tensor init_hf_tensor(const HfTensor& t, const ModelConfig& c, uint64_t seed, DType dtype,
                       MemTag tag) {
   Tensor out = Tensor::empty(t.shape, dtype, tag);
-  switch (t.role) {
-    case HfRole::norm: out.fill(1.0); return out;
-    case HfRole::bias: out.zero(); return out;
-    default: break;
-  }
-  Rng rng(hf_init_seed(seed, t.name));
-  const double std = c.initializer_range;
-  visit_dtype(dtype, [&]<class T>() {
-    T* p = out.data<T>();
-    for (int64_t i = 0; i < out.numel(); ++i) p[i] = store<T>(acc_t<T>(std * rng.normal()));
-  });
-  if (t.role == HfRole::embedding && c.pad_token_id) {
-    out.rows(*c.pad_token_id, *c.pad_token_id + 1).zero();
-  }
+  fill_hf_tensor(out, t, c, seed);
   return out;
+}
+
+void fill_hf_tensor(Tensor& out, const HfTensor& t, const ModelConfig& c, uint64_t seed) {
+  fill_hf_tensor_blocks(out, t, c, seed, 0, hf_init_blocks(t));
+}
+
+int64_t hf_init_blocks(const HfTensor& t) {
+  return (shape_numel(t.shape) + kHfInitBlock - 1) / kHfInitBlock;
+}
+
+void fill_hf_tensor_blocks(Tensor& out, const HfTensor& t, const ModelConfig& c, uint64_t seed,
+                           int64_t block_begin, int64_t block_end) {
+  TIERMOE_ASSERT(out.shape() == t.shape, t.name);
+  const int64_t lo = std::min(block_begin * kHfInitBlock, out.numel());
+  const int64_t hi = std::min(block_end * kHfInitBlock, out.numel());
+  const double std = c.initializer_range;
+  visit_dtype(out.dtype(), [&]<class T>() {
+    T* p = out.data<T>();
+    if (t.role == HfRole::norm || t.role == HfRole::bias) {
+      const T v = store<T>(acc_t<T>(t.role == HfRole::norm ? 1.0 : 0.0));
+      std::fill(p + lo, p + hi, v);
+      return;
+    }
+    for (int64_t b = block_begin; b < block_end; ++b) {
+      Rng rng(hf_init_seed(seed, t.name, b));
+      const int64_t end = std::min((b + 1) * kHfInitBlock, out.numel());
+      for (int64_t i = b * kHfInitBlock; i < end; i += 2) {
+        const double r = std * std::sqrt(-2.0 * std::log(1.0 - rng.uniform()));  // 1-u in (0, 1]
+        const double a = 2.0 * std::numbers::pi * rng.uniform();
+        p[i] = store<T>(acc_t<T>(r * std::cos(a)));
+        if (i + 1 < end) p[i + 1] = store<T>(acc_t<T>(r * std::sin(a)));
+      }
+    }
+    if (t.role == HfRole::embedding && c.pad_token_id) {
+      const int64_t row_lo = std::max(lo, *c.pad_token_id * t.shape[1]);
+      const int64_t row_hi = std::min(hi, (*c.pad_token_id + 1) * t.shape[1]);
+      if (row_lo < row_hi) std::fill(p + row_lo, p + row_hi, store<T>(acc_t<T>(0.0)));
+    }
+  });
 }
 
 }  // namespace tiermoe

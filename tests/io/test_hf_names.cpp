@@ -134,5 +134,22 @@ TEST(HfNames, InitIsAFunctionOfSeedNameAndShape) {
                                      a, q.name));
 }
 
+TEST(HfNames, BlocksFilledInAnyOrderGiveTheSameTensor) {
+  ModelConfig c = preset("small");  // embedding 4096 x 256: 16 blocks
+  c.pad_token_id = 300;             // a row inside block 1
+  const HfTensor emb = hf_tensors(c)[0];
+  ASSERT_EQ(emb.role, HfRole::embedding);
+  ASSERT_EQ(hf_init_blocks(emb), 16);
+  Tensor whole = init_hf_tensor(emb, c, 3, DType::f32);
+  Tensor pieces = Tensor::empty(emb.shape, DType::f32);
+  for (int64_t b = hf_init_blocks(emb) - 1; b >= 0; b -= 2) {
+    fill_hf_tensor_blocks(pieces, emb, c, 3, std::max<int64_t>(b - 1, 0), b + 1);
+  }
+  EXPECT_TRUE(testing::bitwise_equal(pieces, whole, emb.name));
+  for (int64_t j = 0; j < 256; ++j) ASSERT_EQ(whole.get(300 * 256 + j), 0.0);
+  // Blocks are distinct streams: block 1 does not repeat block 0.
+  EXPECT_NE(whole.get(0), whole.get(kHfInitBlock));
+}
+
 }  // namespace
 }  // namespace tiermoe

@@ -38,13 +38,24 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& config);
 
 // A freshly initialised tensor as transformers' _init_weights makes it:
 // Linear weights and the embedding ~ normal(0, initializer_range), biases 0,
-// RMSNorm weights 1, the pad_token_id row of the embedding 0. Each tensor
-// draws from its own stream, Rng(hf_init_seed(seed, name)), element by
-// element in row-major order (each value drawn in f64, then rounded to
-// `dtype`), so a tensor's values depend only on (seed, name, shape) and
-// tensors can be generated in any order or in parallel.
+// RMSNorm weights 1, the pad_token_id row of the embedding 0.
+//
+// Random values come in blocks of kHfInitBlock elements (row-major order);
+// block b of tensor `name` draws from its own stream
+// Rng(hf_init_seed(seed, name, b)), by Box-Muller in pairs, in f64, rounded
+// once to the dtype. So a tensor depends only on (seed, name, shape), and
+// tensors and blocks can be generated in any order, in parallel.
+inline constexpr int64_t kHfInitBlock = int64_t(1) << 16;
+
 Tensor init_hf_tensor(const HfTensor& tensor, const ModelConfig& config, uint64_t seed,
                       DType dtype, MemTag tag = MemTag::weights);
-uint64_t hf_init_seed(uint64_t seed, const std::string& name);
+// The same values written into `out` (shape tensor.shape, any dtype).
+void fill_hf_tensor(Tensor& out, const HfTensor& tensor, const ModelConfig& config, uint64_t seed);
+// Only blocks [block_begin, block_end) of it; does not allocate or throw, so
+// it may run inside a parallel loop.
+int64_t hf_init_blocks(const HfTensor& tensor);
+void fill_hf_tensor_blocks(Tensor& out, const HfTensor& tensor, const ModelConfig& config,
+                           uint64_t seed, int64_t block_begin, int64_t block_end);
+uint64_t hf_init_seed(uint64_t seed, const std::string& name, int64_t block);
 
 }  // namespace tiermoe

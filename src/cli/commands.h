@@ -1,0 +1,22 @@
+#pragma once
+// The tiermoe subcommands. Each file adds one subcommand to the app; main.cpp
+// lists them, so a new subcommand is one line there. A subcommand throws
+// tiermoe::Error on failure and main turns it into `error: ...` and exit 1.
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <string>
+
+namespace tiermoe::cli {
+
+void add_init_command(CLI::App& app);
+void add_inspect_command(CLI::App& app);
+
+// "61.06 GB", "512 B": decimal units, as disk sizes and shard limits are given.
+std::string human_bytes(uint64_t bytes);
+// "30.53 B", "3.35 M": a parameter count.
+std::string human_count(int64_t n);
+// Parses a byte count with an optional unit: 5000000000, 5GB, 500MB, 2GiB, 64KiB.
+uint64_t parse_bytes(const std::string& text, const std::string& flag);
+
+}  // namespace tiermoe::cli
