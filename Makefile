@@ -19,7 +19,7 @@ build: deps $(BUILD)/build.ninja
 
 # Until the training demo exists: initialise the tiny preset and inspect it.
 run: build
-	$(BUILD)/tiermoe init --preset tiny --out $(BUILD)/demo-tiny --seed 0
+	$(BUILD)/tiermoe init --preset tiny --out $(BUILD)/demo-tiny --seed 0 --force
 	$(BUILD)/tiermoe inspect $(BUILD)/demo-tiny
 
 test: build
