@@ -99,6 +99,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
   MoeLayerConfig lc;
   lc.absorb_scores = opt.absorb_scores;
   lc.name = "bench.moe";
+  lc.keep = opt.keep;
   MoeLayer layer(lc, &router, dispatcher, host);
 
   MoeBenchResult r;
@@ -107,6 +108,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
   r.tokens = T;
   r.threads = num_threads();
   r.absorbed = layer.absorbs_scores();
+  r.layer_name = lc.name;
   const bool weight_grads = opt.mode == MoeBenchMode::full;
   std::vector<double> times;
   for (int it = 0; it < opt.warmup + opt.iters; ++it) {
@@ -115,6 +117,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
     layer.forward(x, saved, weight_grads);
     r.retained_bytes = saved.bytes();
     if (it == 0) {
+      r.saved = saved.items();
       r.max_expert_rows = *std::max_element(saved.plan.count_E.begin(), saved.plan.count_E.end());
       r.min_expert_rows = *std::min_element(saved.plan.count_E.begin(), saved.plan.count_E.end());
     }

@@ -50,12 +50,13 @@ void check_rows_layout(const std::vector<int64_t>& offset_E, int64_t E, int64_t 
                 who, "pass the DispatchPlan's offset_E for these rows");
 }
 
+// One expert's rows of whatever `saved` holds (x_ND only when with_x).
 ExpertRowsActs rows_of(const SavedTensors& saved, bool post_norm, bool with_x, int64_t b,
                        int64_t e) {
   ExpertRowsActs acts;
   if (with_x) acts.x_MD = saved.get("x_ND").rows(b, e);
   acts.h_M2F = saved.get("h_N2F").rows(b, e);
-  acts.a_MF = saved.get("a_NF").rows(b, e);
+  if (saved.has("a_NF")) acts.a_MF = saved.get("a_NF").rows(b, e);
   if (post_norm) {
     acts.ypre_MD = saved.get("ypre_ND").rows(b, e);
     acts.rstd_M = saved.get("rstd_N").rows(b, e);
@@ -63,10 +64,17 @@ ExpertRowsActs rows_of(const SavedTensors& saved, bool post_norm, bool with_x, i
   return acts;
 }
 
+// A kept activation goes into the record; a dropped one is a scratch buffer
+// that dies with the forward.
+Tensor keep_or_scratch(SavedTensors& saved, bool keep, const char* name, Shape shape, DType dt) {
+  if (keep) return saved.alloc(name, std::move(shape), dt);
+  return Tensor::empty(std::move(shape), dt, MemTag::activations, saved.tracker());
+}
+
 }  // namespace
 
 void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
-                          const Tensor& score_N, SavedTensors& saved, bool weight_grads) {
+                          const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) {
   const ExpertsConfig& cfg = experts_->config();
   const int64_t N = x_ND.size(0), D = cfg.hidden, F = cfg.ffn;
   const DType dt = experts_->dtype();
@@ -80,19 +88,57 @@ void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<in
     TIERMOE_CHECK(!cfg.post_norm, "router scores cannot be absorbed before W2 with post_norm",
                   name(), "the postprocess is scale-invariant; combine must apply the score");
   }
-  if (weight_grads) saved.save("x_ND", x_ND);
-  Tensor h_N2F = saved.alloc("h_N2F", {N, 2 * F}, dt);
-  Tensor a_NF = saved.alloc("a_NF", {N, F}, dt);
+  if (keep.x) saved.save("x_ND", x_ND);
+  ExpertRowsActs all;
+  all.h_M2F = keep_or_scratch(saved, keep.h, "h_N2F", {N, 2 * F}, dt);
+  all.a_MF = keep_or_scratch(saved, keep.a, "a_NF", {N, F}, dt);
   if (cfg.post_norm) {
-    saved.alloc("ypre_ND", {N, D}, dt);
-    saved.alloc("rstd_N", {N}, experts_->grad_dtype());
+    all.ypre_MD = keep_or_scratch(saved, keep.w2, "ypre_ND", {N, D}, dt);
+    all.rstd_M = keep_or_scratch(saved, keep.w2, "rstd_N", {N}, experts_->grad_dtype());
   }
   for_each_expert(offset_E, [&](int64_t e) {
     const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    ExpertRowsActs acts = rows_of(saved, cfg.post_norm, false, b, end);
+    ExpertRowsActs acts;
+    acts.h_M2F = all.h_M2F.rows(b, end);
+    acts.a_MF = all.a_MF.rows(b, end);
+    if (cfg.post_norm) {
+      acts.ypre_MD = all.ypre_MD.rows(b, end);
+      acts.rstd_M = all.rstd_M.rows(b, end);
+    }
     Tensor y = y_ND.rows(b, end);
     experts_->forward_rows(e, y, acts, x_ND.rows(b, end),
                            score_N.defined() ? score_N.rows(b, end) : Tensor());
+  });
+}
+
+void HostExperts::replay(SavedTensors& saved, const Tensor& x_ND,
+                         const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                         const ExpertStages& stages) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t N = offset_E.back(), D = cfg.hidden, F = cfg.ffn;
+  const DType dt = experts_->dtype();
+  check_rows_layout(offset_E, cfg.num_experts, N, name());
+  TIERMOE_ASSERT(!stages.w2 || cfg.post_norm, "only a postprocess's backward reads W2 products");
+  if (stages.w13) {
+    check_shape(x_ND, {N, D}, name() + ": replay x_ND");
+    saved.alloc("h_N2F", {N, 2 * F}, dt);
+  }
+  if (stages.act) saved.alloc("a_NF", {N, F}, dt);
+  if (stages.w2) {
+    saved.alloc("ypre_ND", {N, D}, dt);
+    saved.alloc("rstd_N", {N}, experts_->grad_dtype());
+  }
+  // The same per-expert order of stages as forward_rows, over the same rows.
+  for_each_expert(offset_E, [&](int64_t e) {
+    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+    ExpertRowsActs acts = rows_of(saved, cfg.post_norm && stages.w2, false, b, end);
+    if (stages.w13) experts_->w13_forward_rows(e, acts.h_M2F, x_ND.rows(b, end));
+    if (stages.act) experts_->act_forward_rows(acts.a_MF, acts.h_M2F);
+    if (stages.w2) {
+      // The W2 output itself is not wanted: only the postprocess's inputs.
+      Tensor y = Tensor::empty({end - b, D}, dt, MemTag::activations, saved.tracker());
+      experts_->w2_forward_rows(e, y, acts, score_N.defined() ? score_N.rows(b, end) : Tensor());
+    }
   });
 }
 

@@ -120,17 +120,33 @@ void GroupedExperts::zero_grad() {
 
 void GroupedExperts::forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,
                                   const Tensor& x_MD, const Tensor& score_M) const {
-  const int64_t M = x_MD.size(0), F = cfg_.ffn, D = cfg_.hidden;
-  if (M == 0) return;
-  mm_forward(cfg_.kernels, acts.h_M2F, x_MD, w13_EFD.select(e));
-  if (cfg_.bias) add_bias_forward(acts.h_M2F, b13_E2F.select(e), Tensor());
+  if (x_MD.size(0) == 0) return;
+  w13_forward_rows(e, acts.h_M2F, x_MD);
+  act_forward_rows(acts.a_MF, acts.h_M2F);
+  w2_forward_rows(e, y_MD, acts, score_M);
+}
+
+void GroupedExperts::w13_forward_rows(int64_t e, Tensor& h_M2F, const Tensor& x_MD) const {
+  if (x_MD.size(0) == 0) return;
+  mm_forward(cfg_.kernels, h_M2F, x_MD, w13_EFD.select(e));
+  if (cfg_.bias) add_bias_forward(h_M2F, b13_E2F.select(e), Tensor());
+}
+
+void GroupedExperts::act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const {
+  if (h_M2F.size(0) == 0) return;
   if (cfg_.activation == ExpertActivation::gpt_oss) {
-    gpt_oss_glu_forward(acts.a_MF, acts.h_M2F, cfg_.gpt_oss);
+    gpt_oss_glu_forward(a_MF, h_M2F, cfg_.gpt_oss);
   } else if (cfg_.kernels == KernelSet::ref) {
-    ref::swiglu_forward(acts.a_MF, acts.h_M2F);
+    ref::swiglu_forward(a_MF, h_M2F);
   } else {
-    cpu::swiglu_forward(acts.a_MF, acts.h_M2F);
+    cpu::swiglu_forward(a_MF, h_M2F);
   }
+}
+
+void GroupedExperts::w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,
+                                     const Tensor& score_M) const {
+  const int64_t M = acts.a_MF.size(0), F = cfg_.ffn, D = cfg_.hidden;
+  if (M == 0) return;
   Tensor w2_in = acts.a_MF;
   if (score_M.defined()) {
     w2_in = Tensor::empty({M, F}, dtype_);
@@ -153,6 +169,9 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
   TIERMOE_CHECK(!weight_grads || acts.x_MD.defined(),
                 "weight gradients need the expert inputs x_ND, which forward did not keep", name_,
                 "run forward with weight_grads = true");
+  TIERMOE_CHECK(!(weight_grads || absorbed) || acts.a_MF.defined(),
+                "this backward needs the activation a_NF, which forward did not keep", name_,
+                "keep a_NF, or rebuild it by a replay, when weight grads or absorbed scores need it");
   // Parameter grads of a [D] row go to scratch when only dx is wanted (frozen experts).
   auto grad_or_scratch = [&](const Tensor& g_ED) {
     return weight_grads ? g_ED.select(e) : Tensor::zeros({D}, grad_dtype());

@@ -31,16 +31,61 @@ bool resolve_absorb_scores(AbsorbScores mode, bool has_output_postprocess, std::
   return mode == AbsorbScores::on;
 }
 
-std::vector<SavedTensors::Entry> MoeSaved::report() const {
-  std::vector<SavedTensors::Entry> out;
-  for (const SavedTensors* s : {&layer, &routed, &shared}) {
-    auto r = s->report();
-    out.insert(out.end(), r.begin(), r.end());
+namespace {
+
+// The region a record's tensor belongs to (the table in moe_layer.h).
+MoeRegion region_of(const SavedTensors& record, const MoeSaved& saved, const std::string& name) {
+  if (&record == &saved.shared) return MoeRegion::shared;
+  if (&record == &saved.routed) {
+    if (name == "x_ND") return MoeRegion::dispatch;
+    if (name == "h_N2F") return MoeRegion::w13;
+    if (name == "a_NF") return MoeRegion::act;
+    return MoeRegion::w2;  // ypre_ND, rstd_N
   }
+  if (name == "y_ND") return MoeRegion::combine;
+  if (name == "score_N") return saved.absorbed ? MoeRegion::w2 : MoeRegion::combine;
+  return MoeRegion::router;
+}
+
+template <class I>
+MoeSavedItem index_item(MoeRegion region, std::string name, const std::vector<I>& v) {
+  return {region,         std::move(name), sizeof(I) == 4 ? "i32" : "i64", {int64_t(v.size())},
+          v.size() * sizeof(I), false};
+}
+
+}  // namespace
+
+std::vector<MoeSavedItem> MoeSaved::items() const {
+  std::vector<MoeSavedItem> out;
+  std::vector<Tensor> seen;
+  for (const SavedTensors* record : {&layer, &routed, &shared}) {
+    for (const auto& [name, t] : record->entries()) {
+      bool dup = std::any_of(seen.begin(), seen.end(),
+                             [&](const Tensor& o) { return o.same_storage(t); });
+      if (dup) continue;
+      seen.push_back(t);
+      out.push_back({region_of(*record, *this, name), name, std::string(dtype_name(t.dtype())),
+                     t.shape(), t.nbytes(), true});
+    }
+  }
+  if (!layer.entries().empty()) {
+    out.push_back(index_item(MoeRegion::dispatch, "token_N", plan.token_N));
+    out.push_back(index_item(MoeRegion::dispatch, "slot_N", plan.slot_N));
+    out.push_back(index_item(MoeRegion::dispatch, "count_E", plan.count_E));
+    out.push_back(index_item(MoeRegion::dispatch, "offset_E", plan.offset_E));
+    out.push_back(index_item(MoeRegion::combine, "row_TK", plan.row_TK));
+  }
+  std::stable_sort(out.begin(), out.end(), [](const MoeSavedItem& a, const MoeSavedItem& b) {
+    return a.region < b.region;
+  });
   return out;
 }
 
-size_t MoeSaved::bytes() const { return layer.bytes() + routed.bytes() + shared.bytes(); }
+size_t MoeSaved::bytes() const {
+  size_t total = 0;
+  for (const auto& item : items()) total += item.tracked ? item.bytes : 0;
+  return total;
+}
 
 void MoeSaved::clear() {
   layer.clear();
@@ -48,6 +93,7 @@ void MoeSaved::clear() {
   shared.clear();
   routing = Routing();
   plan = DispatchPlan();
+  remat = MoeRematPlan();
 }
 
 MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatcher,
@@ -90,7 +136,9 @@ MemoryTracker& MoeLayer::tracker() const {
 Tensor MoeLayer::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads) {
   TIERMOE_CHECK(router_ != nullptr, "this layer has no router", cfg_.name,
                 "pass the routing to forward(x_TD, routing, saved)");
-  return forward(x_TD, router_->forward(x_TD), saved, weight_grads);
+  Routing routing = router_->forward(x_TD);
+  counters_.count_run(MoeRegion::router);
+  return forward(x_TD, std::move(routing), saved, weight_grads);
 }
 
 Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads) {
@@ -113,22 +161,28 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   saved.shared = SavedTensors(cfg_.name + ".shared", mem);
   saved.absorbed = absorbed_;
   saved.weight_grads = weight_grads;
+  saved.remat =
+      MoeRematPlan::make(cfg_.keep, absorbed_, weight_grads, experts_->has_output_postprocess());
   saved.plan = dispatcher_->plan(routing.ids_TK, routing.weights_TK, E);
   const DispatchPlan& plan = saved.plan;
 
   // dispatch
   Tensor x_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   permute_forward(x_ND, x_TD, plan);
-  // compute
+  counters_.count_run(MoeRegion::dispatch);
+  // w13, act, w2
   Tensor y_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   experts_->forward(y_ND, x_ND, plan.offset_E, absorbed_ ? plan.score_N : Tensor(), saved.routed,
-                    weight_grads);
-  // combine
+                    saved.remat.routed_keep);
+  for (MoeRegion r : {MoeRegion::w13, MoeRegion::act, MoeRegion::w2}) counters_.count_run(r);
+  // combine: the only place its body runs (never replayed)
   Tensor out_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
   combine_forward(out_TD, y_ND, plan, absorbed_);
+  counters_.count_run(MoeRegion::combine);
   if (shared_) {
     Tensor ys_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
-    shared_->forward(ys_TD, x_TD, {0, T}, Tensor(), saved.shared, weight_grads);
+    shared_->forward(ys_TD, x_TD, {0, T}, Tensor(), saved.shared, saved.remat.shared_keep);
+    counters_.count_run(MoeRegion::shared);
     visit_dtype(dt, [&]<class T_>() {
       T_* o = out_TD.data<T_>();
       const T_* s = ys_TD.data<T_>();
@@ -136,8 +190,9 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
     });
   }
 
-  // Kept for backward. With absorbed scores combine is a plain sum and its
-  // backward needs only the permutation, so y_ND dies here.
+  // Kept for backward: the routing decision and the plan, always. With
+  // absorbed scores combine is a plain sum and its backward needs only the
+  // permutation, so y_ND dies here (x_ND too, unless the plan keeps it).
   saved.layer.save("x_TD", x_TD);
   if (routing.logits_TE.defined()) saved.layer.save("logits_TE", routing.logits_TE);
   if (routing.probs_TE.defined()) saved.layer.save("probs_TE", routing.probs_TE);
@@ -146,6 +201,32 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   if (!absorbed_) saved.layer.save("y_ND", y_ND);
   saved.routing = std::move(routing);
   return out_TD;
+}
+
+void MoeLayer::replay_routed(SavedTensors& routed, const MoeSaved& saved) {
+  const MoeRematPlan& rp = saved.remat;
+  const DispatchPlan& plan = saved.plan;
+  Tensor x_ND = routed.has("x_ND") ? routed.get("x_ND") : Tensor();
+  if (rp.replay_dispatch) {
+    x_ND = Tensor::empty({plan.N, experts_->hidden()}, experts_->dtype(), MemTag::activations,
+                         tracker());
+    permute_forward(x_ND, saved.layer.get("x_TD"), plan);
+    counters_.count_replay(MoeRegion::dispatch);
+    if (saved.weight_grads) routed.save("x_ND", x_ND);
+  }
+  if (!rp.routed_replay.any()) return;
+  experts_->replay(routed, x_ND, plan.offset_E, saved.absorbed ? plan.score_N : Tensor(),
+                   rp.routed_replay);
+  if (rp.routed_replay.w13) counters_.count_replay(MoeRegion::w13);
+  if (rp.routed_replay.act) counters_.count_replay(MoeRegion::act);
+  if (rp.routed_replay.w2) counters_.count_replay(MoeRegion::w2);
+}
+
+void MoeLayer::replay_shared(SavedTensors& shared, const MoeSaved& saved) {
+  if (!saved.remat.shared_replay.any()) return;
+  const Tensor& x_TD = saved.layer.get("x_TD");
+  shared_->replay(shared, x_TD, {0, x_TD.size(0)}, Tensor(), saved.remat.shared_replay);
+  counters_.count_replay(MoeRegion::shared);
 }
 
 Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
@@ -166,15 +247,19 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   Tensor dscore_N = Tensor::zeros({plan.N}, score_N.dtype(), MemTag::activations, mem);
   combine_backward(dy_ND, dscore_N, dout_TD, saved.absorbed ? Tensor() : saved.layer.get("y_ND"),
                    plan, saved.absorbed);
-  // compute
+  // w2, act, w13 (after rebuilding what forward did not keep)
+  SavedTensors routed = saved.routed;
+  replay_routed(routed, saved);
   Tensor dx_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   experts_->backward(dx_ND, dscore_N, dy_ND, plan.offset_E, saved.absorbed ? score_N : Tensor(),
-                     saved.routed, saved.weight_grads);
+                     routed, saved.weight_grads);
   // dispatch
   permute_backward(dx_TD, dx_ND, plan, accumulate);
   if (shared_) {
+    SavedTensors shared = saved.shared;
+    replay_shared(shared, saved);
     Tensor dxs_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem), none;
-    shared_->backward(dxs_TD, none, dout_TD, {0, T}, Tensor(), saved.shared, saved.weight_grads);
+    shared_->backward(dxs_TD, none, dout_TD, {0, T}, Tensor(), shared, saved.weight_grads);
     visit_dtype(dt, [&]<class T_>() {
       T_* o = dx_TD.data<T_>();
       const T_* s = dxs_TD.data<T_>();

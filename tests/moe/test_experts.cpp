@@ -37,12 +37,12 @@ TEST_P(ExpertsGrad, BackwardMatchesFiniteDifferences) {
   auto loss = [&]() {
     Tensor y = Tensor::empty({N, D}, DType::f64);
     SavedTensors saved("experts");
-    host.forward(y, x_ND, plan.offset_E, score_N, saved, false);
+    host.forward(y, x_ND, plan.offset_E, score_N, saved, ExpertSaves{.x = false});
     return testing::projected_loss(y, P);
   };
   Tensor y = Tensor::empty({N, D}, DType::f64);
   SavedTensors saved("experts");
-  host.forward(y, x_ND, plan.offset_E, score_N, saved, /*weight_grads=*/true);
+  host.forward(y, x_ND, plan.offset_E, score_N, saved, ExpertSaves{});
   EXPECT_TRUE(saved.has("x_ND") && saved.has("h_N2F") && saved.has("a_NF"));
   ex.zero_grad();
   Tensor dx = Tensor::empty({N, D}, DType::f64), ds = Tensor::zeros({N}, DType::f64);
@@ -59,7 +59,7 @@ TEST_P(ExpertsGrad, BackwardMatchesFiniteDifferences) {
   // dx alone (frozen experts) gives the same dx and leaves the grads alone.
   ex.zero_grad();
   SavedTensors lean("experts");
-  host.forward(y, x_ND, plan.offset_E, score_N, lean, /*weight_grads=*/false);
+  host.forward(y, x_ND, plan.offset_E, score_N, lean, ExpertSaves{.x = false});
   EXPECT_FALSE(lean.has("x_ND"));
   Tensor dx2 = Tensor::empty({N, D}, DType::f64), ds2 = Tensor::zeros({N}, DType::f64);
   host.backward(dx2, ds2, P, plan.offset_E, score_N, lean, /*weight_grads=*/false);
@@ -119,8 +119,8 @@ TEST(Experts, BadConfigurationIsAClearError) {
   HostExperts host(normed);
   Tensor x = Tensor::zeros({2, 4}, DType::f32), y = Tensor::empty({2, 4}, DType::f32);
   SavedTensors saved;
-  EXPECT_THROW(host.forward(y, x, {0, 1, 2}, Tensor::zeros({2}, DType::f32), saved, false), Error);
-  EXPECT_THROW(host.forward(y, x, {0, 1}, Tensor(), saved, false), Error);  // offsets vs E
+  EXPECT_THROW(host.forward(y, x, {0, 1, 2}, Tensor::zeros({2}, DType::f32), saved, {}), Error);
+  EXPECT_THROW(host.forward(y, x, {0, 1}, Tensor(), saved, {}), Error);  // offsets vs E
 }
 
 }  // namespace

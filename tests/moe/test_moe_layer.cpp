@@ -81,7 +81,9 @@ TEST(MoeLayer, MatchesTheReferenceLoop) {
 }
 
 // With absorbed scores the W2 output y_ND is not kept; everything else is
-// the same, so the saved bytes differ by exactly N x D x sizeof(dtype).
+// the same, so the saved bytes differ by exactly N x D x sizeof(dtype) --
+// except without weight grads, where post-combine needs no a_NF either (only
+// dW2 and the absorbed d score read it) and so keeps N x F fewer values.
 TEST(MoeLayer, AbsorptionSavesExactlyTheW2Output) {
   for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
     for (bool weight_grads : {true, false}) {
@@ -98,34 +100,43 @@ TEST(MoeLayer, AbsorptionSavesExactlyTheW2Output) {
         saved_bytes[a == AbsorbScores::off] = tracker.live(MemTag::saved);
         EXPECT_EQ(saved.layer.has("y_ND"), a == AbsorbScores::off);
         EXPECT_EQ(saved.routed.has("x_ND"), weight_grads);
-        EXPECT_TRUE(saved.routed.has("a_NF") && saved.routed.has("h_N2F"));
+        EXPECT_TRUE(saved.routed.has("h_N2F"));
+        EXPECT_EQ(saved.routed.has("a_NF"), weight_grads || a == AbsorbScores::on);
         saved.clear();
         EXPECT_EQ(tracker.live(MemTag::saved), 0u) << "saved tensors outlived their record";
       }
-      EXPECT_EQ(saved_bytes[1] - saved_bytes[0], size_t(N * LayerRig::D) * dtype_size(dt))
+      const int64_t values = N * LayerRig::D - (weight_grads ? 0 : N * LayerRig::F);
+      EXPECT_EQ(saved_bytes[1] - saved_bytes[0], size_t(values) * dtype_size(dt))
           << dtype_name(dt) << " weight_grads " << weight_grads;
     }
   }
 }
 
-TEST(MoeLayer, SavedReportNamesEveryTensorByRegion) {
+TEST(MoeLayer, SavedItemsNameEveryTensorByRegionOnce) {
   LayerRig rig(RouterKind::softmax_topk, Variant::swiglu_shared, DType::f32, 3);
   LocalDispatcher disp;
   MoeLayer layer = rig.layer(AbsorbScores::automatic, disp);
   MoeSaved saved;
   layer.forward(rig.x_TD, saved);
-  size_t sum = 0;
+  size_t tracked = 0, index_bytes = 0;
   std::vector<std::string> names;
-  for (const auto& e : saved.report()) {
-    names.push_back(e.name);
-    sum += e.bytes;
+  for (const auto& item : saved.items()) {
+    names.push_back(std::string(moe_region_name(item.region)) + "." + item.name);
+    (item.tracked ? tracked : index_bytes) += item.bytes;
   }
-  EXPECT_EQ(sum, saved.bytes());
-  for (const char* want : {"moe.x_TD", "moe.score_N", "moe.weights_TK", "moe.experts.x_ND",
-                           "moe.experts.h_N2F", "moe.experts.a_NF", "moe.shared.h_N2F"}) {
-    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  EXPECT_EQ(tracked, saved.bytes());
+  // The plan's index arrays: token_N, slot_N (i32, N), count_E, offset_E,
+  // row_TK (i64).
+  const size_t N = size_t(saved.plan.N), E = size_t(LayerRig::E);
+  EXPECT_EQ(index_bytes, 2 * N * 4 + (2 * E + 1) * 8 + N * 8);
+  for (const char* want : {"router.x_TD", "router.weights_TK", "dispatch.x_ND", "w13.h_N2F",
+                           "act.a_NF", "w2.score_N", "combine.row_TK", "shared.h_N2F",
+                           "shared.a_NF"}) {
+    EXPECT_EQ(std::count(names.begin(), names.end(), want), 1) << want;
   }
-  EXPECT_EQ(std::find(names.begin(), names.end(), "moe.y_ND"), names.end());
+  // The shared experts' input is the router's x_TD: listed once, not twice.
+  EXPECT_EQ(std::count(names.begin(), names.end(), "shared.x_ND"), 0);
+  EXPECT_EQ(std::count(names.begin(), names.end(), "combine.y_ND"), 0);
 }
 
 // Frozen experts (LoRA): forward keeps no x_ND, backward gives the same dx
@@ -157,7 +168,9 @@ TEST(MoeLayer, FixedRoutingReturnsWeightGradients) {
   Tensor P = testing::random_tensor({T, D}, DType::f64, rng);
   LocalDispatcher disp;
   for (AbsorbScores a : {AbsorbScores::on, AbsorbScores::off}) {
-    MoeLayer layer(MoeLayerConfig{a}, nullptr, disp, host);
+    MoeLayerConfig lc;
+    lc.absorb_scores = a;
+    MoeLayer layer(lc, nullptr, disp, host);
     auto loss = [&]() {
       MoeSaved s;
       return testing::projected_loss(layer.forward(x, testing::copy_routing(r), s), P);

@@ -37,8 +37,12 @@ class BrokenScores final : public ExpertExecutor {
   DType dtype() const override { return inner_->dtype(); }
   bool has_output_postprocess() const override { return inner_->has_output_postprocess(); }
   void forward(Tensor& y, const Tensor& x, const std::vector<int64_t>& off, const Tensor& s,
-               SavedTensors& saved, bool wg) override {
-    inner_->forward(y, x, off, corrupt(s), saved, wg);
+               SavedTensors& saved, const ExpertSaves& keep) override {
+    inner_->forward(y, x, off, corrupt(s), saved, keep);
+  }
+  void replay(SavedTensors& saved, const Tensor& x, const std::vector<int64_t>& off,
+              const Tensor& s, const ExpertStages& stages) override {
+    inner_->replay(saved, x, off, corrupt(s), stages);
   }
   void backward(Tensor& dx, Tensor& ds, const Tensor& dy, const std::vector<int64_t>& off,
                 const Tensor& s, const SavedTensors& saved, bool wg) override {

@@ -6,6 +6,7 @@
 // so some experts get many rows and some few.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "tiermoe/core/dtype.h"
 #include "tiermoe/moe/moe_layer.h"
@@ -22,6 +23,7 @@ struct MoeBenchOptions {
   DType dtype = DType::bf16;
   MoeBenchMode mode = MoeBenchMode::full;
   AbsorbScores absorb_scores = AbsorbScores::automatic;
+  MoeRegionKeep keep;          // remat: the regions whose outputs forward keeps
   double zipf_exponent = 1.0;  // 0 = uniform routing
   int warmup = 1, iters = 3;
   int threads = 0;             // 0 = the process default
@@ -37,6 +39,8 @@ struct MoeBenchResult {
   double tokens_per_s = 0;
   double tflops = 0;         // expert GEMM flops only: 6*N*D*F per pass (fwd, dx, dW)
   size_t retained_bytes = 0; // what forward kept for backward (MoeSaved::bytes)
+  std::string layer_name;    // the layer's regions are "<layer_name>.<region>"
+  std::vector<MoeSavedItem> saved;  // one forward's retained tensors (the remat report's rows)
   int64_t max_expert_rows = 0, min_expert_rows = 0;
 
   std::string to_json() const;  // one object with the keys above

@@ -18,6 +18,25 @@
 
 namespace tiermoe {
 
+// Which of the expert activations a forward keeps for backward (the rest are
+// dropped when forward returns and, if backward needs them, rebuilt by
+// replay()). moe/regions.h decides them from the remat regions: x_ND is the
+// dispatch region's output, h_N2F w13's, a_NF act's, ypre_ND/rstd_N w2's.
+struct ExpertSaves {
+  bool x = true;  // x_ND, the input rows (dW13, or the input of a w13 replay)
+  bool h = true;  // h_N2F, W13 output (activation backward)
+  bool a = true;  // a_NF, activation output, unscaled (dW2, absorbed d score)
+  bool w2 = true; // ypre_ND and rstd_N (post_norm only: the postprocess backward)
+};
+
+// Which forward stages a replay re-runs, in order: W13 (x_ND -> h_N2F),
+// the activation (h_N2F -> a_NF), W2 (a_NF -> ypre_ND, rstd_N; post_norm only,
+// since nothing else in backward reads a W2 product).
+struct ExpertStages {
+  bool w13 = false, act = false, w2 = false;
+  bool any() const { return w13 || act || w2; }
+};
+
 class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
@@ -31,12 +50,21 @@ class ExpertExecutor {
 
   // y_ND = experts(x_ND) over the row ranges of offset_E (E+1 entries). With
   // score_N defined (score dtype, one per row, 0 on padded rows) the score is
-  // absorbed before W2. What backward needs goes into `saved` (MemTag::saved);
-  // the expert inputs x_ND only when weight_grads (dx alone does not need them).
+  // absorbed before W2. The activations named in `keep` go into `saved`
+  // (MemTag::saved) as "x_ND", "h_N2F", "a_NF" [, "ypre_ND", "rstd_N"]; the
+  // others live only while forward runs.
   virtual void forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
-                       const Tensor& score_N, SavedTensors& saved, bool weight_grads) = 0;
+                       const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) = 0;
+  // Re-runs the forward `stages` over the same rows and adds what they rebuild
+  // to `saved`, bitwise equal to the first forward (same kernels, same rows
+  // per expert, same threads). Inputs come from `saved` (h_N2F for the
+  // activation, a_NF for W2) or x_ND (for W13; undefined when not re-run).
+  virtual void replay(SavedTensors& saved, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                      const Tensor& score_N, const ExpertStages& stages) = 0;
   // Writes dx_ND, and dscore_N (score dtype) when score_N is defined. With
-  // weight_grads the experts' parameter grads accumulate (+=).
+  // weight_grads the experts' parameter grads accumulate (+=). `saved` must
+  // hold h_N2F, a_NF when weight_grads or score_N is defined, x_ND when
+  // weight_grads, and ypre_ND/rstd_N with a postprocess.
   virtual void backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
                         const std::vector<int64_t>& offset_E, const Tensor& score_N,
                         const SavedTensors& saved, bool weight_grads) = 0;
@@ -57,7 +85,9 @@ class HostExperts final : public ExpertExecutor {
   GroupedExperts& experts() { return *experts_; }
 
   void forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
-               const Tensor& score_N, SavedTensors& saved, bool weight_grads) override;
+               const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) override;
+  void replay(SavedTensors& saved, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+              const Tensor& score_N, const ExpertStages& stages) override;
   void backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
                 const std::vector<int64_t>& offset_E, const Tensor& score_N,
                 const SavedTensors& saved, bool weight_grads) override;

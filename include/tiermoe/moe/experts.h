@@ -85,8 +85,18 @@ class GroupedExperts {
   // backward. score_M (score dtype) defined = absorbed; padded rows carry 0.
   void forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts, const Tensor& x_MD,
                     const Tensor& score_M) const;
+  // forward_rows's three stages, which it runs in this order; a remat replay
+  // re-runs only those whose products backward lacks.
+  //   w13: h_M2F = x_MD . w13_e^T (+ b13_e)
+  //   act: a_MF = act(h_M2F)
+  //   w2:  y_MD = [postprocess](T(a_MF * score_M) . w2_e^T (+ score_M * b2_e)); reads
+  //        acts.a_MF, writes acts.ypre_MD and acts.rstd_M with post_norm
+  void w13_forward_rows(int64_t e, Tensor& h_M2F, const Tensor& x_MD) const;
+  void act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const;
+  void w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts, const Tensor& score_M) const;
   // dx_MD is written; dscore_M (absorbed only) is written; with weight_grads
   // the expert's parameter grads accumulate (+=) and acts.x_MD must be defined.
+  // acts.a_MF is read only with weight_grads or an absorbed score.
   void backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
                      const ExpertRowsActs& acts, const Tensor& score_M, bool weight_grads);
 

@@ -7,6 +7,10 @@
 // Router scores are either absorbed before W2 (combine is then a plain sum and
 // the W2 output is not kept) or applied in combine (post-combine: the W2
 // output y_ND is kept, since d weights needs it). See DESIGN.md "Absorption rule".
+//
+// Remat: the forward is cut into named regions (moe/regions.h); the config's
+// `keep` says per region whether its outputs are kept for backward or rebuilt
+// by replaying it. The result is bitwise the same either way.
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -14,6 +18,7 @@
 
 #include "tiermoe/moe/dispatch.h"
 #include "tiermoe/moe/executor.h"
+#include "tiermoe/moe/regions.h"
 #include "tiermoe/moe/router.h"
 #include "tiermoe/moe/saved.h"
 
@@ -31,21 +36,40 @@ struct MoeLayerConfig {
   AbsorbScores absorb_scores = AbsorbScores::automatic;
   std::string name = "moe";          // appears in errors and saved-tensor reports
   MemoryTracker* tracker = nullptr;  // counts the layer's own tensors; null: the process tracker
+  MoeRegionKeep keep;                // remat: per region, keep or replay (default: keep all)
 };
 
-// What one forward keeps for its backward, by region:
-//   <name>          x_TD, logits_TE, probs_TE, weights_TK, score_N, y_ND (post-combine only)
-//   <name>.experts  x_ND (weight grads only), h_N2F, a_NF (unscaled) [, ypre_ND, rstd_N]
-//   <name>.shared   the shared experts' twins of the above
+// One retained thing of a forward, as the remat report lists it.
+struct MoeSavedItem {
+  MoeRegion region;
+  std::string name;   // "h_N2F"
+  std::string dtype;  // "bf16", "f32", "f64"; "i32" / "i64" for the plan's index arrays
+  Shape shape;
+  size_t bytes = 0;
+  // A Tensor counted under MemTag::saved; false for the plan's index arrays
+  // (host std::vectors no MemoryTracker sees).
+  bool tracked = true;
+};
+
+// What one forward keeps for its backward. The records hold tensors; which
+// region each belongs to is items()'s business:
+//   layer   x_TD, logits_TE, probs_TE, weights_TK (router), score_N (w2 when
+//           absorbed, else combine), y_ND (combine, post-combine only)
+//   routed  x_ND (dispatch), h_N2F (w13), a_NF (act), ypre_ND, rstd_N (w2)
+//   shared  the shared experts' h_N2F, a_NF (their x_ND is x_TD)
+// Only what the remat plan keeps is there; backward rebuilds the rest.
 struct MoeSaved {
   Routing routing;
   DispatchPlan plan;
   SavedTensors layer, routed, shared;
   bool absorbed = false;
   bool weight_grads = false;
+  MoeRematPlan remat;
 
-  std::vector<SavedTensors::Entry> report() const;
-  size_t bytes() const;
+  // Every retained tensor once (a storage two records share is listed under
+  // the first), then the plan's index arrays; in region order.
+  std::vector<MoeSavedItem> items() const;
+  size_t bytes() const;  // the tracked items' bytes: what the records hold under MemTag::saved
   void clear();
 };
 
@@ -59,21 +83,33 @@ class MoeLayer {
 
   const MoeLayerConfig& config() const { return cfg_; }
   bool absorbs_scores() const { return absorbed_; }
+  // Region body runs since construction or the last reset (not thread-safe:
+  // a layer runs one forward or backward at a time).
+  const MoeRegionCounters& counters() const { return counters_; }
+  void reset_counters() { counters_.reset(); }
 
   // out_TD = sum_k weights[t, k] * expert_{ids[t, k]}(x_TD[t]) (+ shared(x_TD[t])).
   // weight_grads = false keeps only what dx needs (frozen experts, LoRA).
+  // Counts one run of the router (first overload only), dispatch, w13, act,
+  // w2, combine and shared bodies.
   Tensor forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads = true);
   Tensor forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads = true);
 
   // dx_TD is written (added to if accumulate). Expert, shared-expert and
   // router parameter grads accumulate (+=) when forward kept weight_grads
   // (the router's always do). dlogits_extra_TE (e.g. the aux loss's) may be
-  // undefined. Returns d loss / d weights_TK (score dtype).
+  // undefined. Returns d loss / d weights_TK (score dtype). First replays
+  // what the forward did not keep (saved.remat), each region at most once;
+  // the rebuilt tensors are held (as MemTag::saved) only while backward runs,
+  // so `saved` is unchanged and a second backward replays again.
   Tensor backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
                   const Tensor& dlogits_extra_TE = Tensor(), bool accumulate = false);
 
  private:
   MemoryTracker& tracker() const;
+  // Rebuilds into `routed` / `shared` what backward reads and forward did not keep.
+  void replay_routed(SavedTensors& routed, const MoeSaved& saved);
+  void replay_shared(SavedTensors& shared, const MoeSaved& saved);
 
   MoeLayerConfig cfg_;
   Router* router_;
@@ -81,6 +117,7 @@ class MoeLayer {
   ExpertExecutor* experts_;
   ExpertExecutor* shared_;
   bool absorbed_;
+  MoeRegionCounters counters_;
 };
 
 }  // namespace tiermoe
