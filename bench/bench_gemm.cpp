@@ -6,7 +6,6 @@
 //   tiermoe_bench --benchmark_filter=gemm --benchmark_repetitions=5
 //       --benchmark_report_aggregates_only=true
 #include <benchmark/benchmark.h>
-
 #include <time.h>
 
 #include <string>
@@ -43,7 +42,7 @@ Tensor random(Shape shape, DType dt, Rng& rng) {
 
 // One product with its operands, as training runs it: activations and
 // forward outputs in the compute dtype; weight gradients accumulate into
-// f32 (bf16 training keeps fp32 gradients).
+// f32 (bf16 training keeps fp32 gradients; f64 stays f64).
 struct Problem {
   Op op;
   bool use_ref;
@@ -60,8 +59,8 @@ struct Problem {
         out = Tensor::zeros({M, l.K}, dt), a = random({M, l.N}, dt, rng), b = w;
         break;
       case Op::dw:
-        out = Tensor::zeros({l.N, l.K}, DType::f32), a = random({M, l.N}, dt, rng),
-        b = random({M, l.K}, dt, rng);
+        out = Tensor::zeros({l.N, l.K}, dt == DType::f64 ? dt : DType::f32);
+        a = random({M, l.N}, dt, rng), b = random({M, l.K}, dt, rng);
         break;
     }
   }
@@ -75,7 +74,8 @@ struct Problem {
         use_ref ? ref::matmul_backward_dx(out, a, b) : cpu::matmul_backward_dx(out, a, b);
         break;
       case Op::dw:
-        use_ref ? ref::matmul_backward_dw(out, a, b, true) : cpu::matmul_backward_dw(out, a, b, true);
+        use_ref ? ref::matmul_backward_dw(out, a, b, true)
+                : cpu::matmul_backward_dw(out, a, b, true);
         break;
     }
   }
@@ -106,9 +106,12 @@ void bm_gemm(benchmark::State& state, Op op, Layer layer, DType dt, bool use_ref
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::forward: return "fwd";
-    case Op::dx: return "dx";
-    case Op::dw: return "dw";
+    case Op::forward:
+      return "fwd";
+    case Op::dx:
+      return "dx";
+    case Op::dw:
+      return "dw";
   }
   return "?";
 }
@@ -125,8 +128,9 @@ const bool registered = [] {
     std::string d(dtype_name(dt));
     for (Layer l : {kW13, kW2}) {
       for (Op op : {Op::forward, Op::dx, Op::dw}) {
-        auto* b = add("gemm/" + d + "/" + l.name + "_" + op_name(op) + "/threads:" +
-                          std::to_string(all), op, l, dt, false, all);
+        auto* b =
+            add("gemm/" + d + "/" + l.name + "_" + op_name(op) + "/threads:" + std::to_string(all),
+                op, l, dt, false, all);
         for (int64_t m : rows) b->Arg(m);
       }
     }
@@ -135,6 +139,13 @@ const bool registered = [] {
     for (int64_t m : rows) one->Arg(m);
     add("gemm_ref/" + d + "/w13_fwd/threads:1", Op::forward, kW13, dt, true, 1)->Arg(1)->Arg(8);
   }
+  // f64, the parity mode, runs on TierMoE's own GEMM: how slow is it?
+  add("gemm/f64/w13_fwd/threads:" + std::to_string(all), Op::forward, kW13, DType::f64, false, all)
+      ->Arg(8)
+      ->Arg(128)
+      ->Arg(512);
+  add("gemm/f64/w13_dw/threads:" + std::to_string(all), Op::dw, kW13, DType::f64, false, all)
+      ->Arg(128);
   return true;
 }();
 

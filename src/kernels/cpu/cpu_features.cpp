@@ -41,8 +41,7 @@ constexpr long kXfeatureXtiledata = 18;
 }  // namespace
 
 bool has_avx512f() {
-  static const bool yes =
-      bit(cpuid(7, 0).b, 16) && (xcr0() & kAvx512State) == kAvx512State;
+  static const bool yes = bit(cpuid(7, 0).b, 16) && (xcr0() & kAvx512State) == kAvx512State;
   return yes;
 }
 

@@ -29,8 +29,8 @@ void gemm(Tensor& c, const Tensor& a, const Tensor& b, onednn::GemmShape s) {
   // Element (i, k) of A and (k, j) of B in the storage's row-major layout.
   int64_t a_row = s.a_transposed ? 1 : s.K, a_col = s.a_transposed ? s.M : 1;
   int64_t b_row = s.b_transposed ? 1 : s.N, b_col = s.b_transposed ? s.K : 1;
-  gemm_f64(c.data<double>(), a.data<double>(), a_row, a_col, b.data<double>(), b_row, b_col,
-           s.M, s.N, s.K, s.accumulate);
+  gemm_f64(c.data<double>(), a.data<double>(), a_row, a_col, b.data<double>(), b_row, b_col, s.M,
+           s.N, s.K, s.accumulate);
 }
 
 }  // namespace
@@ -39,7 +39,10 @@ void matmul_forward(Tensor& y_MN, const Tensor& x_MK, const Tensor& w_NK, bool a
   detail::check_forward(y_MN, x_MK, w_NK);
   // y_MN = x_MK . (w_NK as [K, N] transposed)
   gemm(y_MN, x_MK, w_NK,
-       {.M = x_MK.size(0), .N = w_NK.size(0), .K = x_MK.size(1), .b_transposed = true,
+       {.M = x_MK.size(0),
+        .N = w_NK.size(0),
+        .K = x_MK.size(1),
+        .b_transposed = true,
         .accumulate = accumulate});
 }
 
@@ -54,7 +57,10 @@ void matmul_backward_dw(Tensor& dw_NK, const Tensor& dy_MN, const Tensor& x_MK, 
   detail::check_backward_dw(dw_NK, dy_MN, x_MK);
   // dw_NK = (dy_MN as [N, M] transposed) . x_MK: C [N, K], reduction over M
   gemm(dw_NK, dy_MN, x_MK,
-       {.M = dy_MN.size(1), .N = x_MK.size(1), .K = dy_MN.size(0), .a_transposed = true,
+       {.M = dy_MN.size(1),
+        .N = x_MK.size(1),
+        .K = dy_MN.size(0),
+        .a_transposed = true,
         .accumulate = accumulate});
 }
 

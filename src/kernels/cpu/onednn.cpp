@@ -102,8 +102,10 @@ class PrimitiveCache {
   static Entry create(const GemmShape& s) {
     memory::data_type in = to_dnnl(s.in), out = to_dnnl(s.out);
     Entry e;
-    e.a = memory::desc({s.M, s.K}, in, s.a_transposed ? memory::dims{1, s.M} : memory::dims{s.K, 1});
-    e.b = memory::desc({s.K, s.N}, in, s.b_transposed ? memory::dims{1, s.K} : memory::dims{s.N, 1});
+    e.a =
+        memory::desc({s.M, s.K}, in, s.a_transposed ? memory::dims{1, s.M} : memory::dims{s.K, 1});
+    e.b =
+        memory::desc({s.K, s.N}, in, s.b_transposed ? memory::dims{1, s.K} : memory::dims{s.N, 1});
     e.c = memory::desc({s.M, s.N}, out, {s.N, 1});
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
@@ -128,9 +130,10 @@ PrimitiveCache& cache() {
 }
 
 std::string shape_text(const GemmShape& s) {
-  return detail::str_of("C[", s.M, ", ", s.N, "] ", dtype_name(s.out), (s.accumulate ? " += " : " = "),
-                        "A[", s.M, ", ", s.K, "]", (s.a_transposed ? "^T" : ""), " . B[", s.K,
-                        ", ", s.N, "]", (s.b_transposed ? "^T" : ""), " ", dtype_name(s.in));
+  return detail::str_of("C[", s.M, ", ", s.N, "] ", dtype_name(s.out),
+                        (s.accumulate ? " += " : " = "), "A[", s.M, ", ", s.K, "]",
+                        (s.a_transposed ? "^T" : ""), " . B[", s.K, ", ", s.N, "]",
+                        (s.b_transposed ? "^T" : ""), " ", dtype_name(s.in));
 }
 
 }  // namespace
@@ -150,9 +153,12 @@ dnnl::stream& stream() {
 
 memory::data_type to_dnnl(DType dt) {
   switch (dt) {
-    case DType::f32: return memory::data_type::f32;
-    case DType::bf16: return memory::data_type::bf16;
-    case DType::f64: break;
+    case DType::f32:
+      return memory::data_type::f32;
+    case DType::bf16:
+      return memory::data_type::bf16;
+    case DType::f64:
+      break;
   }
   throw Error("oneDNN has no f64 matmul", "tiermoe::cpu::onednn",
               "f64 products run on TierMoE's own f64 GEMM (kernels/cpu/gemm_f64)");

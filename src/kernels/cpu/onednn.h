@@ -1,9 +1,8 @@
 #pragma once
 // The oneDNN side of the cpu kernels: one engine, a stream per thread, and a
 // GEMM entry point backed by a cache of matmul primitives.
-#include <oneapi/dnnl/dnnl.hpp>
-
 #include <cstdint>
+#include <oneapi/dnnl/dnnl.hpp>
 
 #include "tiermoe/core/dtype.h"
 
