@@ -156,7 +156,9 @@ void GroupedExperts::w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& ac
   TIERMOE_ASSERT(w2_out.defined() && w2_out.size(0) == M && w2_out.size(1) == D);
   mm_forward(cfg_.kernels, w2_out, w2_in, w2_EDF.select(e));
   if (cfg_.bias) add_bias_forward(w2_out, b2_ED.select(e), score_M);
-  if (cfg_.post_norm) rmsnorm_rows_forward(y_MD, acts.rstd_M, w2_out, norm_ED.select(e), cfg_.norm_eps);
+  if (cfg_.post_norm) {
+    rmsnorm_rows_forward(y_MD, acts.rstd_M, w2_out, norm_ED.select(e), cfg_.norm_eps);
+  }
 }
 
 void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
@@ -171,7 +173,7 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
                 "run forward with weight_grads = true");
   TIERMOE_CHECK(!(weight_grads || absorbed) || acts.a_MF.defined(),
                 "this backward needs the activation a_NF, which forward did not keep", name_,
-                "keep a_NF, or rebuild it by a replay, when weight grads or absorbed scores need it");
+                "keep a_NF (or rebuild it by a replay) when weight grads or absorbed scores need it");
   // Parameter grads of a [D] row go to scratch when only dx is wanted (frozen experts).
   auto grad_or_scratch = [&](const Tensor& g_ED) {
     return weight_grads ? g_ED.select(e) : Tensor::zeros({D}, grad_dtype());
