@@ -23,10 +23,11 @@
 // start at token i*L and predict token i*L+1 onwards), so loss_floor() == H.
 // unigram_entropy() = H(pi) is the loss of the best model that ignores context.
 //
-// With the defaults (V 256, 4-8 successors, Zipf exponent 1, smoothing 0.02)
-// H is about 1.6 nats against a unigram loss of about 5.5: a tiny model has a
-// strong signal to learn in a couple of hundred steps, and only a 256 x 256
-// table to learn it from.
+// With the defaults (V 256, 4-8 successors, Zipf exponent 1, smoothing 0.02,
+// seed 0) H = 1.6928 nats against a unigram loss H(pi) = 5.4204: a strong
+// signal, and only a 256 x 256 table for a tiny model to learn. A rank-64
+// bigram model (embedding then unembedding, Adam lr 1e-2, 512 tokens a step)
+// reaches 1.80 held-out after 200 steps and 1.76 after 400.
 #include <cstdint>
 #include <span>
 #include <vector>
