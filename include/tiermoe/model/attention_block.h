@@ -1,0 +1,62 @@
+#pragma once
+// The self-attention block of a Qwen3-MoE / OLMoE / Mixtral decoder layer
+// (formats.md 2.3, 3.3), over B sequences of T tokens at positions 0..T-1:
+//
+//   q = x Wq^T (+bq)  [B*T, H*P]      k, v = x Wk^T, x Wv^T  [B*T, Hkv*P]
+//   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3), over the whole
+//                                      projection (OLMoE), or none (Mixtral)
+//   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta
+//   o    = causal GQA SDPA(q, k, v)    [B, T, H, P]
+//   y    = o Wo^T (+bo)
+//
+// Forward keeps what backward reads in an AttentionSaved; backward reads it
+// in reverse. Parameter grads accumulate (+=) unless frozen.
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/tensor.h"
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/model/linear.h"
+
+namespace tiermoe {
+
+// RoPE cos/sin for B sequences at positions 0..T-1: [B*T, P], activation dtype.
+struct RopeTables {
+  int64_t B = 0, T = 0;
+  Tensor cos_RP, sin_RP;
+  static RopeTables make(int64_t B, int64_t T, int64_t P, double theta, DType dtype);
+};
+
+struct AttentionSaved {
+  Tensor x_TD;               // block input (the normed hidden state)
+  Tensor q_raw, k_raw;       // projections before the q/k norm (norm backward)
+  Tensor rstd_q, rstd_k;     // q/k norm statistics
+  Tensor q, k, v;            // [B, T, H(kv), P] as attention read them (after norm, rope)
+  Tensor lse_BTH;            // attention log-sum-exp
+  Tensor o_TX;               // attention output [B*T, H*P] (o_proj's input)
+  void clear() { *this = AttentionSaved(); }
+};
+
+class AttentionBlock {
+ public:
+  // Zero weights; the loader or a test fills them through the Weights.
+  AttentionBlock(const ModelConfig& config, DType compute);
+
+  // y_TD = attention(x_TD), x_TD [B*T, D]; `rope` holds B and T.
+  void forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& rope, AttentionSaved& saved) const;
+  // dx_TD (=, or += with accumulate); parameter grads +=.
+  void backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTables& rope,
+                const AttentionSaved& saved, bool accumulate = false);
+
+  // (HF suffix "q_proj.weight", ...) -> Weight, in checkpoint order.
+  std::vector<std::pair<std::string, Weight*>> weights();
+
+ private:
+  QkNorm qk_norm_;
+  int64_t H_, Hkv_, P_;
+  double eps_;
+  Linear q_proj_, k_proj_, v_proj_, o_proj_;
+  Weight q_norm_, k_norm_;  // (P) per head, (H*P) / (Hkv*P) whole; undefined for none
+};
+
+}  // namespace tiermoe

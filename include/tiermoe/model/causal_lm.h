@@ -1,0 +1,115 @@
+#pragma once
+// The Qwen3-MoE causal LM (and the Mixtral / OLMoE variants ModelConfig
+// describes), forward and backward, on Hugging Face semantics:
+//
+//   x      = embed_tokens[ids]                            [B*T, D]
+//   x      = layer_l(x)  for l = 0 .. L-1                 (DecoderLayer)
+//   logits = norm(x) . W_head^T                           W_head = embed_tokens when tied
+//   loss   = mean cross-entropy over targets != -100
+//          + router_aux_loss_coef * aux   iff output_router_logits (HF's default: off)
+//
+// Inputs are B sequences of T tokens at positions 0..T-1; targets are given
+// already aligned (target b*T+t is the token that follows ids b*T+t), so no
+// shift happens here. Compute dtype: f64 (parity mode: every step f64), f32,
+// or bf16 (bf16 storage, f32 accumulation and statistics). Gradients are f32
+// (f64 in f64 runs) and accumulate across backward() calls until zero_grad().
+//
+// Parameters are addressed by their HF names (params()), in the checkpoint's
+// module order; the per-expert and dense gate/up tensors are slices of the
+// stacked weights the kernels use. Tensors that share one stacked weight (a
+// dense MLP's gate_proj and up_proj; all experts of a layer) are frozen or
+// trained together: set_requires_grad on one of them sets the whole group.
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/moe/aux_loss.h"
+#include "tiermoe/model/decoder_layer.h"
+#include "tiermoe/model/weight.h"
+
+namespace tiermoe {
+
+struct LossParts {
+  double total = 0;  // what forward returns: ce + coef * aux (aux only when it counts)
+  double ce = 0;     // mean cross-entropy over the counted targets
+  double aux = 0;    // the load-balancing loss (computed whenever the model has MoE layers)
+  bool aux_in_total = false;  // output_router_logits
+  int64_t targets = 0;        // counted targets
+};
+
+class CausalLM {
+ public:
+  // Zero weights (fill them through params(), or use from_checkpoint). The
+  // config must be one TierMoE implements (validated here).
+  CausalLM(ModelConfig config, DType compute);
+  ~CausalLM();
+  CausalLM(CausalLM&&) noexcept;
+  CausalLM& operator=(CausalLM&&) noexcept;
+
+  // Reads dir/config.json and the checkpoint's tensors (model.safetensors or
+  // shards), per-expert or fused expert layout, converting the stored dtype
+  // to `compute`. See checkpoint.h for what is rejected.
+  static CausalLM from_checkpoint(const std::string& dir, DType compute);
+  // Writes config.json and the tensors under HF names in the per-expert
+  // layout save_pretrained writes, in `storage` (default: the compute dtype).
+  void save_checkpoint(const std::string& dir, std::optional<DType> storage = std::nullopt,
+                       uint64_t max_shard_bytes = 5'000'000'000ull) const;
+
+  const ModelConfig& config() const { return config_; }
+  DType dtype() const { return dtype_; }
+
+  // The loss of B x T tokens. With `grad` the forward keeps what backward()
+  // needs (the logits' gradient included); without it, backward() is an Error.
+  double forward(std::span<const int32_t> ids_BT, std::span<const int32_t> targets_BT, int64_t B,
+                 int64_t T, bool grad = true);
+  // d loss / d every parameter that requires grad, accumulated (+=).
+  void backward();
+  const LossParts& last_loss() const { return loss_; }
+  const Tensor& logits() const { return logits_NV_; }  // [B*T, V] of the last forward
+
+  // Every parameter by HF name, in checkpoint order. Gradients of parameters
+  // that require grad are allocated (zeroed) here when no backward has yet.
+  std::vector<ModelParam> params();
+  void zero_grad();
+  // Freezes (false) or unfreezes a parameter by HF name, with its group
+  // (see above); an unknown name is an Error.
+  void set_requires_grad(std::string_view name, bool on);
+  void set_requires_grad_all(bool on);
+
+  int64_t num_layers() const { return int64_t(layers_.size()); }
+  DecoderLayer& layer(int64_t i) { return *layers_[size_t(i)]; }
+
+ private:
+  struct Slot;  // one HF tensor: its views and its group's requires_grad switch
+  std::vector<Slot> slots(bool with_grads);
+  std::vector<const Routing*> routings() const;
+
+  ModelConfig config_;
+  DType dtype_;
+  std::unique_ptr<Dispatcher> dispatcher_;
+  Weight embed_;    // (V, D)
+  std::vector<std::unique_ptr<DecoderLayer>> layers_;
+  Weight norm_;     // (D)
+  Weight lm_head_;  // (V, D); undefined value when tied
+
+  // The last forward, kept for backward.
+  int64_t B_ = 0, T_ = 0;
+  bool has_grad_state_ = false;
+  std::vector<int32_t> ids_;
+  RopeTables rope_;
+  std::vector<DecoderLayerSaved> saved_;
+  Tensor xf_TD_, rstd_f_T_, nf_TD_;  // final norm's input, statistics, output
+  Tensor logits_NV_, dlogits_NV_;
+  AuxLoss aux_;
+  LossParts loss_;
+};
+
+// Checks that TierMoE implements what `config` asks for (silu, no sliding
+// window, no clip_qkv); throws an Error naming `where` and the field.
+void check_model_supported(const ModelConfig& config, const std::string& where);
+
+}  // namespace tiermoe

@@ -1,0 +1,33 @@
+#pragma once
+// Loading a Hugging Face checkpoint into a CausalLM and saving one back
+// (CausalLM::from_checkpoint / save_checkpoint are the entry points; this
+// header documents the rules they follow).
+//
+// Accepted layouts, per MoE layer:
+//   per-expert  {block}.experts.{e}.gate_proj|up_proj|down_proj.weight   (Mixtral: w1|w3|w2)
+//               with the router at {block}.gate.weight; block = mlp (Mixtral: block_sparse_moe)
+//   fused       mlp.experts.gate_up_proj [E, 2F, D] (gate rows first) and
+//               mlp.experts.down_proj [E, D, F] (transformers v5; Mixtral's router
+//               then at mlp.gate.weight, its per-expert form's name also accepted)
+// Stored F64, F32 or BF16 tensors are converted to the compute dtype (as
+// torch's .to() rounds).
+//
+// Rejected before anything is loaded, each an Error naming the tensor:
+//   - a tensor the config implies that the checkpoint lacks;
+//   - a tensor whose shape disagrees with the config (both shapes given; the
+//     embedding and lm_head name vocab_size / hidden_size in the hint);
+//   - a tensor the config does not imply (e.g. lm_head.weight in a tied model,
+//     or a layer beyond num_hidden_layers): an error, not a warning, since
+//     silently ignoring weights would run a different model than the one on
+//     disk. The one exception is rotary_emb.inv_freq, a buffer old
+//     transformers versions saved, which is recomputed and skipped.
+#include <string>
+
+#include "tiermoe/model/causal_lm.h"
+
+namespace tiermoe {
+
+// Whether an on-disk tensor name is one the loader skips (recomputed buffers).
+bool is_ignored_checkpoint_tensor(const std::string& name);
+
+}  // namespace tiermoe

@@ -1,0 +1,57 @@
+#pragma once
+// One pre-norm decoder layer:
+//   h   = x + attn(input_layernorm(x))
+//   out = h + mlp(post_attention_layernorm(h))       mlp: dense SwiGLU or sparse MoE
+// Backward is the same in reverse: the residual stream's gradient passes
+// straight through each add and each norm's dx is added onto it.
+#include <memory>
+#include <string>
+
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/model/attention_block.h"
+#include "tiermoe/model/dense_mlp.h"
+#include "tiermoe/model/moe_block.h"
+
+namespace tiermoe {
+
+struct DecoderLayerSaved {
+  Tensor x_TD, rstd_in_T;  // input_layernorm's input and statistics
+  AttentionSaved attn;
+  Tensor h_TD, rstd_post_T;  // post_attention_layernorm's input and statistics
+  DenseMlpSaved mlp;
+  MoeSaved moe;
+};
+
+class DecoderLayer {
+ public:
+  DecoderLayer(const ModelConfig& config, int64_t layer, DType compute,
+               const Dispatcher& dispatcher);
+
+  int64_t index() const { return layer_; }
+  bool is_moe() const { return moe_ != nullptr; }
+  // "model.layers.{i}."
+  const std::string& prefix() const { return prefix_; }
+
+  Tensor forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved);
+  // dx_TD is written. dlogits_extra_TE: the aux loss's gradient on this
+  // layer's router logits (MoE layers; may be undefined).
+  void backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTables& rope,
+                DecoderLayerSaved& saved, const Tensor& dlogits_extra_TE = Tensor());
+
+  AttentionBlock& attention() { return attn_; }
+  Weight& input_layernorm() { return norm_in_; }
+  Weight& post_attention_layernorm() { return norm_post_; }
+  DenseMlp* dense_mlp() { return mlp_.get(); }
+  MoeBlock* moe() { return moe_.get(); }
+
+ private:
+  int64_t layer_;
+  std::string prefix_;
+  double eps_;
+  Weight norm_in_, norm_post_;  // (D)
+  AttentionBlock attn_;
+  std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_
+  std::unique_ptr<MoeBlock> moe_;
+};
+
+}  // namespace tiermoe

@@ -1,0 +1,56 @@
+#pragma once
+// A decoder layer's sparse MoE block (Qwen3MoeSparseMoeBlock, Mixtral's
+// block_sparse_moe, OLMoE's): a softmax top-k Router, E SwiGLU experts in
+// GroupedExperts run by HostExperts, wired through a MoeLayer. The router
+// renormalises the top-K weights iff config.renormalize_topk().
+//
+// The block owns its parts and the MoeLayer points into them, so it is
+// neither copied nor moved (DecoderLayer holds it by unique_ptr).
+#include <memory>
+#include <string>
+
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/moe/dispatch.h"
+#include "tiermoe/moe/executor.h"
+#include "tiermoe/moe/experts.h"
+#include "tiermoe/moe/moe_layer.h"
+#include "tiermoe/moe/router.h"
+
+namespace tiermoe {
+
+class MoeBlock {
+ public:
+  // `name` is the HF module path ("model.layers.3.mlp"), used in errors.
+  MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
+           std::string name);
+  MoeBlock(const MoeBlock&) = delete;
+  MoeBlock& operator=(const MoeBlock&) = delete;
+
+  // y_TD = moe(x_TD). With the experts frozen the forward keeps only what dx needs.
+  Tensor forward(const Tensor& x_TD, MoeSaved& saved);
+  // dx_TD (=, or += with accumulate); dlogits_extra_TE (the aux loss's
+  // gradient on this layer's router logits) may be undefined. Router grads
+  // always accumulate; expert grads when the experts require grad.
+  void backward(Tensor& dx_TD, const Tensor& dy_TD, MoeSaved& saved,
+                const Tensor& dlogits_extra_TE, bool accumulate = false);
+
+  Router& router() { return router_; }
+  GroupedExperts& experts() { return experts_; }
+  bool router_requires_grad() const { return router_grad_; }
+  bool experts_requires_grad() const { return experts_grad_; }
+  void set_router_requires_grad(bool on) { router_grad_ = on; }
+  // Frozen experts: the MoE forward keeps only what dx needs and backward
+  // computes dx only.
+  void set_experts_requires_grad(bool on);
+  void zero_grad();
+
+ private:
+  Router router_;
+  GroupedExperts experts_;
+  HostExperts executor_;
+  MoeLayer layer_;
+  bool router_grad_ = true;
+  bool experts_grad_ = true;
+};
+
+}  // namespace tiermoe

@@ -1,0 +1,53 @@
+#pragma once
+// A trainable tensor of the model and its gradient, and the parameter list
+// an optimizer, --save-grads and LoRA address by Hugging Face name.
+//
+// Gradients are f32 (f64 in f64 runs) whatever the compute dtype, since they
+// feed fp32 master weights. They accumulate (+=) across backwards until
+// zero_grad(). A frozen weight (requires_grad false) holds no gradient, and
+// backward skips the products only that gradient needs.
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/tensor.h"
+#include "tiermoe/io/hf_names.h"
+
+namespace tiermoe {
+
+// The dtype statistics (RMSNorm rstd, attention lse) are kept in: f32, f64 in f64 runs.
+inline DType acc_dtype_for(DType compute) {
+  return compute == DType::f64 ? DType::f64 : DType::f32;
+}
+// The dtype gradients are kept in for a compute dtype.
+inline DType grad_dtype_for(DType compute) { return acc_dtype_for(compute); }
+
+// Gradients are allocated on first use (a backward, or params()), so a model
+// frozen right after loading never holds them.
+struct Weight {
+  Tensor value;  // compute dtype
+  Tensor grad;   // grad_dtype_for(compute); undefined until used, and while frozen
+  bool requires_grad = true;
+
+  // A zero-filled weight that requires grad.
+  static Weight zeros(Shape shape, DType compute);
+  // The gradient to accumulate into: allocated zeroed on first use; an
+  // undefined Tensor when frozen (kernels then skip the weight's product).
+  Tensor grad_sink();
+  // Freezing drops the gradient.
+  void set_requires_grad(bool on);
+  void zero_grad();
+};
+
+// One parameter by its Hugging Face name. `value` and `grad` are views
+// sharing the model's storage (a per-expert tensor is a slice of the stacked
+// expert weights), so writing into them updates the model. `grad` is
+// undefined while the parameter is frozen.
+struct ModelParam {
+  std::string name;
+  HfRole role;
+  Tensor value;
+  Tensor grad;
+  bool requires_grad = true;
+};
+
+}  // namespace tiermoe

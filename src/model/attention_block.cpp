@@ -1,0 +1,144 @@
+#include "tiermoe/model/attention_block.h"
+
+#include "tiermoe/kernels/attention.h"
+#include "tiermoe/kernels/rmsnorm.h"
+#include "tiermoe/kernels/rope.h"
+
+namespace tiermoe {
+
+RopeTables RopeTables::make(int64_t B, int64_t T, int64_t P, double theta, DType dtype) {
+  RopeTables r;
+  r.B = B;
+  r.T = T;
+  std::vector<int32_t> pos(size_t(B * T));
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = int32_t(t);
+  }
+  r.cos_RP = Tensor::empty({B * T, P}, dtype);
+  r.sin_RP = Tensor::empty({B * T, P}, dtype);
+  cpu::rope_tables(r.cos_RP, r.sin_RP, pos, theta);
+  return r;
+}
+
+AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute)
+    : qk_norm_(c.qk_norm()),
+      H_(c.num_attention_heads),
+      Hkv_(c.num_key_value_heads),
+      P_(c.head_dim),
+      eps_(c.rms_norm_eps) {
+  const int64_t D = c.hidden_size;
+  q_proj_ = Linear::zeros(H_ * P_, D, c.attention_bias, compute);
+  k_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute);
+  v_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute);
+  o_proj_ = Linear::zeros(D, H_ * P_, c.attention_bias, compute);
+  if (qk_norm_ == QkNorm::per_head) {
+    q_norm_ = Weight::zeros({P_}, compute);
+    k_norm_ = Weight::zeros({P_}, compute);
+  } else if (qk_norm_ == QkNorm::whole) {
+    q_norm_ = Weight::zeros({H_ * P_}, compute);
+    k_norm_ = Weight::zeros({Hkv_ * P_}, compute);
+  }
+}
+
+std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
+  std::vector<std::pair<std::string, Weight*>> out = {
+      {"q_proj.weight", &q_proj_.weight},
+      {"k_proj.weight", &k_proj_.weight},
+      {"v_proj.weight", &v_proj_.weight},
+      {"o_proj.weight", &o_proj_.weight}};
+  if (q_proj_.bias.value.defined()) {
+    out.push_back({"q_proj.bias", &q_proj_.bias});
+    out.push_back({"k_proj.bias", &k_proj_.bias});
+    out.push_back({"v_proj.bias", &v_proj_.bias});
+    out.push_back({"o_proj.bias", &o_proj_.bias});
+  }
+  if (qk_norm_ != QkNorm::none) {
+    out.push_back({"q_norm.weight", &q_norm_});
+    out.push_back({"k_norm.weight", &k_norm_});
+  }
+  return out;
+}
+
+namespace {
+
+// The rows the q/k norm runs over: one row per head (P values) or per token.
+Tensor norm_rows(const Tensor& t_TX, QkNorm mode, int64_t P) {
+  return mode == QkNorm::per_head ? t_TX.view({t_TX.numel() / P, P}) : t_TX;
+}
+
+}  // namespace
+
+void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& rope,
+                             AttentionSaved& saved) const {
+  const int64_t B = rope.B, T = rope.T, N = B * T;
+  const DType dt = x_TD.dtype();
+  TIERMOE_ASSERT(x_TD.size(0) == N, x_TD.str(), " for B ", B, " T ", T);
+  saved.clear();
+  saved.x_TD = x_TD;
+
+  Tensor q = Tensor::empty({N, H_ * P_}, dt), k = Tensor::empty({N, Hkv_ * P_}, dt);
+  Tensor v = Tensor::empty({N, Hkv_ * P_}, dt);
+  q_proj_.forward(q, x_TD);
+  k_proj_.forward(k, x_TD);
+  v_proj_.forward(v, x_TD);
+  if (qk_norm_ != QkNorm::none) {
+    saved.q_raw = q;
+    saved.k_raw = k;
+    Tensor qn = Tensor::empty(q.shape(), dt), kn = Tensor::empty(k.shape(), dt);
+    Tensor qn_rows = norm_rows(qn, qk_norm_, P_), kn_rows = norm_rows(kn, qk_norm_, P_);
+    saved.rstd_q = Tensor::empty({qn_rows.size(0)}, acc_dtype_for(dt));
+    saved.rstd_k = Tensor::empty({kn_rows.size(0)}, acc_dtype_for(dt));
+    cpu::rmsnorm_forward(qn_rows, saved.rstd_q, norm_rows(q, qk_norm_, P_), q_norm_.value, eps_);
+    cpu::rmsnorm_forward(kn_rows, saved.rstd_k, norm_rows(k, qk_norm_, P_), k_norm_.value, eps_);
+    q = qn;
+    k = kn;
+  }
+  saved.q = q.view({B, T, H_, P_});
+  saved.k = k.view({B, T, Hkv_, P_});
+  saved.v = v.view({B, T, Hkv_, P_});
+  cpu::rope_forward(saved.q, saved.q, rope.cos_RP, rope.sin_RP);
+  cpu::rope_forward(saved.k, saved.k, rope.cos_RP, rope.sin_RP);
+
+  Tensor o = Tensor::empty({B, T, H_, P_}, dt);
+  saved.lse_BTH = Tensor::empty({B, T, H_}, acc_dtype_for(dt));
+  cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v);
+  saved.o_TX = o.view({N, H_ * P_});
+  o_proj_.forward(y_TD, saved.o_TX);
+}
+
+void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTables& rope,
+                              const AttentionSaved& saved, bool accumulate) {
+  const int64_t B = rope.B, T = rope.T, N = B * T;
+  const DType dt = dy_TD.dtype();
+
+  Tensor do_TX = Tensor::empty({N, H_ * P_}, dt);
+  o_proj_.backward(do_TX, dy_TD, saved.o_TX);
+
+  Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
+  Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
+  cpu::attention_backward(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
+                          saved.lse_BTH);
+  cpu::rope_backward(dq, dq, rope.cos_RP, rope.sin_RP);
+  cpu::rope_backward(dk, dk, rope.cos_RP, rope.sin_RP);
+  Tensor dq_TX = dq.view({N, H_ * P_}), dk_TX = dk.view({N, Hkv_ * P_});
+  if (qk_norm_ != QkNorm::none) {
+    Tensor dq_raw = Tensor::empty(dq_TX.shape(), dt), dk_raw = Tensor::empty(dk_TX.shape(), dt);
+    Tensor dq_rows = norm_rows(dq_raw, qk_norm_, P_), dk_rows = norm_rows(dk_raw, qk_norm_, P_);
+    // rmsnorm_backward accumulates dx and dw together: the weight grads must
+    // accumulate, so dx starts from zero.
+    dq_raw.zero();
+    dk_raw.zero();
+    Tensor dwq = q_norm_.grad_sink(), dwk = k_norm_.grad_sink();
+    cpu::rmsnorm_backward(dq_rows, dwq, norm_rows(dq_TX, qk_norm_, P_),
+                          norm_rows(saved.q_raw, qk_norm_, P_), q_norm_.value, saved.rstd_q, true);
+    cpu::rmsnorm_backward(dk_rows, dwk, norm_rows(dk_TX, qk_norm_, P_),
+                          norm_rows(saved.k_raw, qk_norm_, P_), k_norm_.value, saved.rstd_k, true);
+    dq_TX = dq_raw;
+    dk_TX = dk_raw;
+  }
+  q_proj_.backward(dx_TD, dq_TX, saved.x_TD, accumulate);
+  k_proj_.backward(dx_TD, dk_TX, saved.x_TD, true);
+  v_proj_.backward(dx_TD, dv.view({N, Hkv_ * P_}), saved.x_TD, true);
+}
+
+}  // namespace tiermoe

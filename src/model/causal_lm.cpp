@@ -1,0 +1,257 @@
+#include "tiermoe/model/causal_lm.h"
+
+#include <algorithm>
+
+#include "param_slot.h"
+#include "tiermoe/kernels/cross_entropy.h"
+#include "tiermoe/kernels/embedding.h"
+#include "tiermoe/kernels/matmul.h"
+#include "tiermoe/kernels/rmsnorm.h"
+
+namespace tiermoe {
+
+void check_model_supported(const ModelConfig& c, const std::string& where) {
+  c.validate(where);
+  TIERMOE_CHECK(c.hidden_act == "silu", "hidden_act '" + c.hidden_act + "' is not supported",
+                where, "TierMoE implements SwiGLU experts and MLPs (hidden_act silu)");
+  TIERMOE_CHECK(!c.use_sliding_window, "use_sliding_window = true is not supported", where,
+                "TierMoE implements full causal attention only");
+  TIERMOE_CHECK(!c.clip_qkv, "clip_qkv is not supported", where,
+                "remove clip_qkv (OLMoE checkpoints with it cannot be reproduced exactly)");
+  TIERMOE_CHECK(c.head_dim % 2 == 0, "head_dim must be even for RoPE", where,
+                "check head_dim in config.json");
+}
+
+CausalLM::CausalLM(ModelConfig config, DType compute)
+    : config_(std::move(config)),
+      dtype_(compute),
+      dispatcher_(std::make_unique<LocalDispatcher>()) {
+  check_model_supported(config_, "model config");
+  const int64_t V = config_.vocab_size, D = config_.hidden_size;
+  embed_ = Weight::zeros({V, D}, compute);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    layers_.push_back(std::make_unique<DecoderLayer>(config_, l, compute, *dispatcher_));
+  }
+  norm_ = Weight::zeros({D}, compute);
+  if (!config_.tie_word_embeddings) lm_head_ = Weight::zeros({V, D}, compute);
+}
+
+CausalLM::~CausalLM() = default;
+CausalLM::CausalLM(CausalLM&&) noexcept = default;
+CausalLM& CausalLM::operator=(CausalLM&&) noexcept = default;
+
+// ---------------------------------------------------------------- parameters
+
+std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
+  std::vector<Slot> out;
+  auto weight = [&](std::string name, HfRole role, Weight& w) {
+    Tensor g = with_grads ? w.grad_sink() : Tensor();
+    out.push_back({{std::move(name), role, w.value, g, w.requires_grad},
+                   [&w](bool on) { w.set_requires_grad(on); }});
+  };
+  // Row slices [r0, r1) of a stacked weight and its grad.
+  auto slice = [](const Tensor& t, int64_t r0, int64_t r1) {
+    return t.defined() ? t.rows(r0, r1) : Tensor();
+  };
+
+  weight("model.embed_tokens.weight", HfRole::embedding, embed_);
+  for (auto& layer : layers_) {
+    const std::string& p = layer->prefix();
+    weight(p + "input_layernorm.weight", HfRole::norm, layer->input_layernorm());
+    for (auto& [suffix, w] : layer->attention().weights()) {
+      HfRole role = suffix.find("_norm") != std::string::npos ? HfRole::norm
+                    : suffix.ends_with(".bias")                ? HfRole::bias
+                                                               : HfRole::attention;
+      weight(p + "self_attn." + suffix, role, *w);
+    }
+    weight(p + "post_attention_layernorm.weight", HfRole::norm, layer->post_attention_layernorm());
+    if (DenseMlp* mlp = layer->dense_mlp()) {
+      Weight& w13 = mlp->w13();
+      const int64_t I = mlp->intermediate();
+      Tensor g13 = with_grads ? w13.grad_sink() : Tensor();
+      auto set13 = [&w13](bool on) { w13.set_requires_grad(on); };
+      out.push_back({{p + "mlp.gate_proj.weight", HfRole::dense_mlp, slice(w13.value, 0, I),
+                      slice(g13, 0, I), w13.requires_grad}, set13});
+      out.push_back({{p + "mlp.up_proj.weight", HfRole::dense_mlp, slice(w13.value, I, 2 * I),
+                      slice(g13, I, 2 * I), w13.requires_grad}, set13});
+      weight(p + "mlp.down_proj.weight", HfRole::dense_mlp, mlp->down());
+      continue;
+    }
+    MoeBlock& moe = *layer->moe();
+    const bool mixtral = config_.family == ModelFamily::mixtral;
+    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
+    const bool router_on = moe.router_requires_grad();
+    out.push_back({{block + "gate.weight", HfRole::router, moe.router().param("weight"),
+                    with_grads && router_on ? moe.router().grad("weight") : Tensor(), router_on},
+                   [&moe](bool on) { moe.set_router_requires_grad(on); }});
+    GroupedExperts& ex = moe.experts();
+    const bool experts_on = moe.experts_requires_grad();
+    Tensor w13 = ex.param("w13"), w2 = ex.param("w2");
+    Tensor g13, g2;
+    if (with_grads && experts_on) {
+      g13 = ex.grad("w13");  // allocates on first use
+      g2 = ex.grad("w2");
+    }
+    const int64_t F = config_.moe_intermediate_size;
+    const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj",
+                            mixtral ? "w2" : "down_proj"};
+    auto set_experts = [&moe](bool on) { moe.set_experts_requires_grad(on); };
+    for (int64_t e = 0; e < config_.num_experts; ++e) {
+      const std::string ep = block + "experts." + std::to_string(e) + ".";
+      Tensor w13_e = w13.select(e), w2_e = w2.select(e);
+      Tensor g13_e = g13.defined() ? g13.select(e) : Tensor();
+      Tensor g2_e = g2.defined() ? g2.select(e) : Tensor();
+      out.push_back({{ep + names[0] + ".weight", HfRole::expert, slice(w13_e, 0, F),
+                      slice(g13_e, 0, F), experts_on}, set_experts});
+      out.push_back({{ep + names[1] + ".weight", HfRole::expert, slice(w13_e, F, 2 * F),
+                      slice(g13_e, F, 2 * F), experts_on}, set_experts});
+      out.push_back({{ep + names[2] + ".weight", HfRole::expert, w2_e, g2_e, experts_on},
+                     set_experts});
+    }
+  }
+  weight("model.norm.weight", HfRole::norm, norm_);
+  if (lm_head_.value.defined()) weight("lm_head.weight", HfRole::lm_head, lm_head_);
+  for (Slot& s : out) {
+    if (!s.param.requires_grad) s.param.grad = Tensor();
+  }
+  return out;
+}
+
+std::vector<ModelParam> CausalLM::params() {
+  std::vector<ModelParam> out;
+  for (Slot& s : slots(/*with_grads=*/true)) out.push_back(std::move(s.param));
+  return out;
+}
+
+void CausalLM::zero_grad() {
+  embed_.zero_grad();
+  for (auto& layer : layers_) {
+    layer->input_layernorm().zero_grad();
+    layer->post_attention_layernorm().zero_grad();
+    for (auto& [suffix, w] : layer->attention().weights()) w->zero_grad();
+    if (DenseMlp* mlp = layer->dense_mlp()) {
+      mlp->w13().zero_grad();
+      mlp->down().zero_grad();
+    } else {
+      layer->moe()->zero_grad();
+    }
+  }
+  norm_.zero_grad();
+  lm_head_.zero_grad();
+}
+
+void CausalLM::set_requires_grad(std::string_view name, bool on) {
+  for (Slot& s : slots(/*with_grads=*/false)) {
+    if (s.param.name == name) {
+      s.set_requires_grad(on);
+      return;
+    }
+  }
+  throw Error("no parameter named '" + std::string(name) + "'", "CausalLM::set_requires_grad",
+              "use the Hugging Face tensor names params() lists");
+}
+
+void CausalLM::set_requires_grad_all(bool on) {
+  for (Slot& s : slots(/*with_grads=*/false)) s.set_requires_grad(on);
+}
+
+// ---------------------------------------------------------------- forward / backward
+
+std::vector<const Routing*> CausalLM::routings() const {
+  std::vector<const Routing*> out;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    if (layers_[l]->is_moe()) out.push_back(&saved_[l].moe.routing);
+  }
+  return out;
+}
+
+double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_t> targets_BT,
+                         int64_t B, int64_t T, bool grad) {
+  const int64_t N = B * T, D = config_.hidden_size, V = config_.vocab_size;
+  TIERMOE_CHECK(B >= 1 && T >= 1, detail::str_of("batch ", B, " x ", T, " tokens"),
+                "CausalLM::forward", "B and T must be positive");
+  TIERMOE_CHECK(int64_t(ids_BT.size()) == N && int64_t(targets_BT.size()) == N,
+                detail::str_of(ids_BT.size(), " ids and ", targets_BT.size(), " targets for B ",
+                               B, " x T ", T),
+                "CausalLM::forward", "pass B*T ids and B*T targets");
+  has_grad_state_ = false;
+  B_ = B;
+  T_ = T;
+  ids_.assign(ids_BT.begin(), ids_BT.end());
+  if (rope_.B != B || rope_.T != T || rope_.cos_RP.dtype() != dtype_) {
+    rope_ = RopeTables::make(B, T, config_.head_dim, config_.rope_theta, dtype_);
+  }
+  saved_.clear();
+  saved_.resize(layers_.size());
+
+  Tensor x_TD = Tensor::empty({N, D}, dtype_);
+  cpu::embedding_forward(x_TD, embed_.value, ids_BT);
+  for (size_t l = 0; l < layers_.size(); ++l) x_TD = layers_[l]->forward(x_TD, rope_, saved_[l]);
+
+  xf_TD_ = x_TD;
+  rstd_f_T_ = Tensor::empty({N}, acc_dtype_for(dtype_));
+  nf_TD_ = Tensor::empty({N, D}, dtype_);
+  cpu::rmsnorm_forward(nf_TD_, rstd_f_T_, xf_TD_, norm_.value, config_.rms_norm_eps);
+  logits_NV_ = Tensor::empty({N, V}, dtype_);
+  const Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
+  cpu::matmul_forward(logits_NV_, nf_TD_, head.value);
+
+  loss_ = LossParts();
+  loss_.targets = std::count_if(targets_BT.begin(), targets_BT.end(),
+                                [](int32_t t) { return t != kIgnoreIndex; });
+  if (grad) {
+    dlogits_NV_ = Tensor::empty({N, V}, dtype_);
+    loss_.ce = cpu::cross_entropy_forward_backward(dlogits_NV_, logits_NV_, targets_BT);
+  } else {
+    dlogits_NV_ = Tensor();
+    loss_.ce = cpu::cross_entropy_forward(logits_NV_, targets_BT);
+  }
+  std::vector<const Routing*> rs = routings();
+  if (!rs.empty()) {
+    aux_ = aux_loss_forward(rs);
+    loss_.aux = aux_.value;
+  }
+  loss_.aux_in_total = config_.output_router_logits && !rs.empty();
+  loss_.total = loss_.ce + (loss_.aux_in_total ? config_.router_aux_loss_coef * loss_.aux : 0.0);
+  has_grad_state_ = grad;
+  return loss_.total;
+}
+
+void CausalLM::backward() {
+  TIERMOE_CHECK(has_grad_state_, "backward without a forward that kept its state",
+                "CausalLM::backward", "call forward(ids, targets, B, T, /*grad=*/true) first");
+  has_grad_state_ = false;  // MoE saved state is consumed once
+  const int64_t N = B_ * T_, D = config_.hidden_size;
+
+  // logits = norm(x) . W_head^T
+  Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
+  Tensor dn_TD = Tensor::empty({N, D}, dtype_);
+  cpu::matmul_backward_dx(dn_TD, dlogits_NV_, head.value);
+  if (Tensor dw = head.grad_sink(); dw.defined()) {
+    cpu::matmul_backward_dw(dw, dlogits_NV_, nf_TD_, /*accumulate=*/true);
+  }
+  Tensor dx_TD = Tensor::zeros({N, D}, dtype_);
+  Tensor dw_norm = norm_.grad_sink();
+  cpu::rmsnorm_backward(dx_TD, dw_norm, dn_TD, xf_TD_, norm_.value, rstd_f_T_,
+                        /*accumulate=*/true);
+
+  // The aux loss reaches each MoE layer's router logits directly.
+  std::vector<const Routing*> rs = routings();
+  std::vector<Tensor> dlogits_TE(rs.size());
+  if (loss_.aux_in_total) {
+    aux_loss_backward(dlogits_TE, config_.router_aux_loss_coef, aux_, rs);
+  }
+  size_t moe_index = rs.size();
+  for (size_t l = layers_.size(); l-- > 0;) {
+    Tensor extra = layers_[l]->is_moe() ? dlogits_TE[--moe_index] : Tensor();
+    Tensor dprev_TD = Tensor::empty({N, D}, dtype_);
+    layers_[l]->backward(dprev_TD, dx_TD, rope_, saved_[l], extra);
+    dx_TD = dprev_TD;
+  }
+  if (Tensor dtable = embed_.grad_sink(); dtable.defined()) {
+    cpu::embedding_backward(dtable, dx_TD, ids_, /*accumulate=*/true);
+  }
+  saved_.clear();
+}
+
+}  // namespace tiermoe

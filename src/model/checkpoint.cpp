@@ -1,0 +1,154 @@
+#include "tiermoe/model/checkpoint.h"
+
+#include <filesystem>
+#include <set>
+
+#include "param_slot.h"
+#include "tiermoe/io/safetensors.h"
+
+namespace tiermoe {
+
+bool is_ignored_checkpoint_tensor(const std::string& name) {
+  return name.ends_with("rotary_emb.inv_freq");
+}
+
+namespace {
+
+using detail::str_of;
+
+// One on-disk tensor and where its values go.
+struct LoadItem {
+  std::string name;
+  Tensor dest;
+};
+
+std::string hf_dtype_name(DType dt) {
+  switch (dt) {
+    case DType::f64: return "float64";
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+  }
+  __builtin_unreachable();
+}
+
+class LoadPlan {
+ public:
+  LoadPlan(const CheckpointTensors& ck, const ModelConfig& c) : ck_(ck), c_(c) {}
+
+  bool has(const std::string& name) const { return ck_.contains(name); }
+
+  void add(const std::string& name, const Tensor& dest) {
+    TIERMOE_CHECK(ck_.contains(name), "checkpoint lacks tensor '" + name + "'", ck_.dir(),
+                  str_of("config.json (", family_name(c_.family), ", ", c_.num_hidden_layers,
+                         " layers, ", c_.num_experts, " experts) implies it; is config.json from "
+                         "another checkpoint, or a tensor missing from the index?"));
+    const Shape& got = ck_.entry(name).shape;
+    TIERMOE_CHECK(got == dest.shape(),
+                  str_of("tensor '", name, "' has shape ", shape_str(got), " but config.json implies ",
+                         shape_str(dest.shape())),
+                  ck_.dir(), shape_hint(name));
+    items_.push_back({name, dest});
+    used_.insert(name);
+  }
+
+  // Every checkpoint tensor must be used (or a skipped buffer).
+  void check_no_extra() const {
+    std::vector<std::string> extra;
+    for (const std::string& n : ck_.names()) {
+      if (!used_.count(n) && !is_ignored_checkpoint_tensor(n)) extra.push_back(n);
+    }
+    if (extra.empty()) return;
+    std::string list;
+    for (size_t i = 0; i < extra.size() && i < 5; ++i) list += (i ? ", '" : "'") + extra[i] + "'";
+    if (extra.size() > 5) list += str_of(" and ", extra.size() - 5, " more");
+    throw Error(str_of("checkpoint has ", extra.size(), " tensor(s) the config does not use: ", list),
+                ck_.dir(),
+                c_.tie_word_embeddings && used_.count("lm_head.weight") == 0 &&
+                        ck_.contains("lm_head.weight")
+                    ? "config.json says tie_word_embeddings = true but the checkpoint has its "
+                      "own lm_head.weight; set tie_word_embeddings to false"
+                    : "check num_hidden_layers, num_experts, mlp_only_layers, attention_bias "
+                      "and tie_word_embeddings in config.json against the checkpoint");
+  }
+
+  void load(DType compute) const {
+    for (const LoadItem& it : items_) {
+      Tensor dest = it.dest;
+      dest.copy_from(ck_.load(it.name, compute, MemTag::activations));
+    }
+  }
+
+ private:
+  std::string shape_hint(const std::string& name) const {
+    if (name == "model.embed_tokens.weight" || name == "lm_head.weight") {
+      return str_of("the shape is [vocab_size, hidden_size] = [", c_.vocab_size, ", ",
+                    c_.hidden_size, "]; check vocab_size and hidden_size in config.json");
+    }
+    return "check config.json (hidden_size, head_dim, heads, intermediate sizes, num_experts) "
+           "against the checkpoint";
+  }
+
+  const CheckpointTensors& ck_;
+  const ModelConfig& c_;
+  std::vector<LoadItem> items_;
+  std::set<std::string> used_;
+};
+
+}  // namespace
+
+CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute) {
+  ModelConfig config = load_model_config(dir);
+  check_model_supported(config, (std::filesystem::path(dir) / "config.json").string());
+  CheckpointTensors ck = CheckpointTensors::open(dir);
+  CausalLM model(config, compute);
+  LoadPlan plan(ck, config);
+
+  std::set<int64_t> fused_layers;
+  for (Slot& s : model.slots(/*with_grads=*/false)) {
+    const ModelParam& p = s.param;
+    if (p.role == HfRole::router && config.family == ModelFamily::mixtral) {
+      // transformers v5 renames block_sparse_moe.gate to mlp.gate
+      std::string v5 = p.name;
+      v5.replace(v5.find("block_sparse_moe."), 17, "mlp.");
+      plan.add(plan.has(p.name) || !plan.has(v5) ? p.name : v5, p.value);
+      continue;
+    }
+    if (p.role != HfRole::expert) {
+      plan.add(p.name, p.value);
+      continue;
+    }
+    // The layer index from "model.layers.{l}."
+    const int64_t l = std::stoll(p.name.substr(13, p.name.find('.', 13) - 13));
+    const std::string fused = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    if (plan.has(fused + "gate_up_proj") || plan.has(fused + "down_proj")) {
+      if (fused_layers.insert(l).second) {
+        GroupedExperts& ex = model.layer(l).moe()->experts();
+        plan.add(fused + "gate_up_proj", ex.param("w13"));
+        plan.add(fused + "down_proj", ex.param("w2"));
+      }
+      continue;
+    }
+    plan.add(p.name, p.value);
+  }
+  plan.check_no_extra();
+  plan.load(compute);
+  return model;
+}
+
+void CausalLM::save_checkpoint(const std::string& dir, std::optional<DType> storage,
+                               uint64_t max_shard_bytes) const {
+  const DType dt = storage.value_or(dtype_);
+  // slots() only builds views here (no grads), so it does not change the model.
+  auto& self = const_cast<CausalLM&>(*this);
+  NamedTensors tensors;
+  for (Slot& s : self.slots(/*with_grads=*/false)) {
+    Tensor t = s.param.value;
+    tensors.emplace_back(s.param.name, t.dtype() == dt ? t : t.to(dt, MemTag::activations));
+  }
+  save_checkpoint_tensors(dir, tensors, max_shard_bytes);
+  ModelConfig c = config_;
+  c.torch_dtype = hf_dtype_name(dt);
+  save_model_config(c, (std::filesystem::path(dir) / "config.json").string());
+}
+
+}  // namespace tiermoe

@@ -1,0 +1,81 @@
+#include "tiermoe/model/decoder_layer.h"
+
+#include "tiermoe/kernels/rmsnorm.h"
+
+namespace tiermoe {
+
+namespace {
+
+// The HF module path of a layer's MoE block ("mlp", Mixtral: "block_sparse_moe").
+std::string moe_block_name(const ModelConfig& c, const std::string& prefix) {
+  return prefix + (c.family == ModelFamily::mixtral ? "block_sparse_moe" : "mlp");
+}
+
+}  // namespace
+
+DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
+                           const Dispatcher& dispatcher)
+    : layer_(layer),
+      prefix_("model.layers." + std::to_string(layer) + "."),
+      eps_(c.rms_norm_eps),
+      norm_in_(Weight::zeros({c.hidden_size}, compute)),
+      norm_post_(Weight::zeros({c.hidden_size}, compute)),
+      attn_(c, compute) {
+  if (c.is_moe_layer(layer)) {
+    moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, moe_block_name(c, prefix_));
+  } else {
+    mlp_ = std::make_unique<DenseMlp>(c.hidden_size, c.intermediate_size, compute);
+  }
+}
+
+Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved) {
+  const int64_t T = x_TD.size(0), D = x_TD.size(1);
+  const DType dt = x_TD.dtype();
+  saved.x_TD = x_TD;
+  saved.rstd_in_T = Tensor::empty({T}, acc_dtype_for(dt));
+  Tensor n_TD = Tensor::empty({T, D}, dt);
+  cpu::rmsnorm_forward(n_TD, saved.rstd_in_T, x_TD, norm_in_.value, eps_);
+  Tensor h_TD = Tensor::empty({T, D}, dt);
+  attn_.forward(h_TD, n_TD, rope, saved.attn);
+  add_inplace(h_TD, x_TD);
+
+  saved.h_TD = h_TD;
+  saved.rstd_post_T = Tensor::empty({T}, acc_dtype_for(dt));
+  Tensor m_TD = Tensor::empty({T, D}, dt);
+  cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_);
+  Tensor out_TD;
+  if (moe_) {
+    out_TD = moe_->forward(m_TD, saved.moe);
+  } else {
+    out_TD = Tensor::empty({T, D}, dt);
+    mlp_->forward(out_TD, m_TD, saved.mlp);
+  }
+  add_inplace(out_TD, h_TD);
+  return out_TD;
+}
+
+void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTables& rope,
+                            DecoderLayerSaved& saved, const Tensor& dlogits_extra_TE) {
+  const int64_t T = dout_TD.size(0), D = dout_TD.size(1);
+  const DType dt = dout_TD.dtype();
+  // out = h + mlp(norm_post(h))
+  Tensor dm_TD = Tensor::empty({T, D}, dt);
+  if (moe_) {
+    moe_->backward(dm_TD, dout_TD, saved.moe, dlogits_extra_TE);
+  } else {
+    mlp_->backward(dm_TD, dout_TD, saved.mlp);
+  }
+  Tensor dh_TD = dout_TD.clone();
+  Tensor dw_post = norm_post_.grad_sink();
+  cpu::rmsnorm_backward(dh_TD, dw_post, dm_TD, saved.h_TD, norm_post_.value, saved.rstd_post_T,
+                        /*accumulate=*/true);
+  // h = x + attn(norm_in(x))
+  Tensor dn_TD = Tensor::empty({T, D}, dt);
+  attn_.backward(dn_TD, dh_TD, rope, saved.attn);
+  dx_TD.copy_from(dh_TD);
+  Tensor dw_in = norm_in_.grad_sink();
+  cpu::rmsnorm_backward(dx_TD, dw_in, dn_TD, saved.x_TD, norm_in_.value, saved.rstd_in_T,
+                        /*accumulate=*/true);
+}
+
+}  // namespace tiermoe

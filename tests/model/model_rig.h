@@ -1,0 +1,85 @@
+#pragma once
+// Shared pieces of the model tests: tiny configs of each family, random
+// weights that make every parameter matter, and token batches.
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/model/causal_lm.h"
+
+namespace tiermoe::testing {
+
+// Runs a scope on one thread. Finite differences run hundreds of forwards of
+// a tiny model, where OpenMP start-up and barriers cost ~50x the arithmetic
+// (far more when the shared cores are oversubscribed); results do not depend
+// on the thread count (the kernels' contract), so nothing is lost.
+struct SingleThread {
+  SingleThread() { set_num_threads(1); }
+  ~SingleThread() { set_num_threads(0); }
+};
+
+enum class Family { qwen3, olmoe, mixtral };
+
+// 3 layers, layer 1 dense (mlp_only_layers; Qwen3 only), q_proj width
+// H*P = 32 != D = 16 (OLMoE requires H*P = D: P = 4 there).
+inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool bias = false) {
+  ModelConfig c = preset("tiny");
+  if (f == Family::olmoe) c.family = ModelFamily::olmoe, c.model_type = "olmoe";
+  if (f == Family::mixtral) c.family = ModelFamily::mixtral, c.model_type = "mixtral";
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.moe_intermediate_size = 12;
+  c.num_hidden_layers = 3;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.head_dim = 8;
+  c.num_experts = 4;
+  c.num_experts_per_tok = 2;
+  c.mlp_only_layers = {1};
+  c.norm_topk_prob = norm_topk;
+  c.tie_word_embeddings = tied;
+  c.attention_bias = bias;
+  c.output_router_logits = true;
+  c.router_aux_loss_coef = 0.05;
+  c.max_position_embeddings = 64;
+  c.pad_token_id.reset();
+  if (f == Family::olmoe) c.head_dim = 4;
+  if (f != Family::qwen3) c.mlp_only_layers.clear();  // only Qwen3 has dense layers
+  return c;
+}
+
+// Matrices ~ N(0, 0.3^2), norm weights ~ 1 + N(0, 0.2^2), biases ~ N(0, 0.1^2):
+// large enough that every path carries gradient, small enough to stay tame.
+inline void randomize(CausalLM& model, uint64_t seed) {
+  Rng rng(seed);
+  for (ModelParam& p : model.params()) {
+    Tensor t = Tensor::empty(p.value.shape(), DType::f64);
+    switch (p.role) {
+      case HfRole::norm: fill_normal(t, rng, 1.0, 0.2); break;
+      case HfRole::bias: fill_normal(t, rng, 0.0, 0.1); break;
+      default: fill_normal(t, rng, 0.0, 0.3); break;
+    }
+    p.value.copy_from(t);
+  }
+}
+
+struct Batch {
+  int64_t B = 2, T = 5;
+  std::vector<int32_t> ids, targets;
+};
+
+// Random ids; targets are the next id, with a few ignored (-100).
+inline Batch make_batch(int64_t V, uint64_t seed, int64_t B = 2, int64_t T = 5) {
+  Rng rng(seed);
+  Batch b{B, T, {}, {}};
+  for (int64_t i = 0; i < B * T; ++i) b.ids.push_back(int32_t(rng.below(uint64_t(V))));
+  for (int64_t i = 0; i < B * T; ++i) {
+    b.targets.push_back(i % 4 == 3 ? -100 : int32_t(rng.below(uint64_t(V))));
+  }
+  return b;
+}
+
+}  // namespace tiermoe::testing

@@ -1,0 +1,181 @@
+// The whole model's gradients against f64 central finite differences, for
+// every parameter kind, and the parameter list against the HF tensor list.
+#include <cstdio>
+#include <map>
+
+#include "model/model_rig.h"
+
+namespace tiermoe {
+namespace {
+
+using testing::Family;
+
+// "model.layers.2.mlp.experts.3.up_proj.weight" -> "mlp.experts.up_proj.weight"
+std::string kind_of(const std::string& name) {
+  std::string k = name;
+  if (k.starts_with("model.layers.")) k = k.substr(k.find('.', 13) + 1);
+  if (size_t e = k.find("experts."); e != std::string::npos) {
+    size_t dot = k.find('.', e + 8);
+    k = k.substr(0, e + 8) + k.substr(dot + 1);
+  }
+  return k;
+}
+
+void check_model_fd(const ModelConfig& config, uint64_t seed) {
+  testing::SingleThread one_thread;
+  CausalLM model(config, DType::f64);
+  testing::randomize(model, seed);
+  testing::Batch batch = testing::make_batch(config.vocab_size, seed + 1);
+  auto loss = [&]() { return model.forward(batch.ids, batch.targets, batch.B, batch.T, false); };
+
+  model.zero_grad();
+  const double l0 = model.forward(batch.ids, batch.targets, batch.B, batch.T);
+  model.backward();
+  ASSERT_TRUE(model.last_loss().aux_in_total);
+  EXPECT_NE(l0, model.last_loss().ce) << "the aux loss must be part of the loss";
+
+  // Group the parameters by kind; sample 24 elements of each kind.
+  std::vector<ModelParam> params = model.params();
+  std::map<std::string, std::vector<size_t>> kinds;
+  for (size_t i = 0; i < params.size(); ++i) kinds[kind_of(params[i].name)].push_back(i);
+  Rng rng(seed + 2);
+  for (const auto& [kind, members] : kinds) {
+    double worst = 0;
+    for (int s = 0; s < 24; ++s) {
+      ModelParam& p = params[members[rng.below(members.size())]];
+      ASSERT_TRUE(p.grad.defined()) << p.name;
+      const int64_t i = int64_t(rng.below(uint64_t(p.value.numel())));
+      const double fd = testing::fd_derivative(loss, p.value, i);
+      const double an = p.grad.get(i);
+      worst = std::max(worst, std::abs(fd - an));
+      EXPECT_NEAR(an, fd, 1e-9 + 1e-6 * std::abs(fd)) << p.name << "[" << i << "]";
+    }
+    std::printf("  %-36s worst |fd - analytic| %.2e\n", kind.c_str(), worst);
+  }
+  // Each kind the config implies was sampled.
+  std::vector<std::string> want = {"model.embed_tokens.weight", "self_attn.q_proj.weight",
+                                   "self_attn.k_proj.weight",   "self_attn.v_proj.weight",
+                                   "self_attn.o_proj.weight",   "input_layernorm.weight",
+                                   "post_attention_layernorm.weight", "model.norm.weight"};
+  const std::string block = config.family == ModelFamily::mixtral ? "block_sparse_moe." : "mlp.";
+  for (std::string k : {"gate.weight", "experts.gate_proj.weight", "experts.up_proj.weight",
+                        "experts.down_proj.weight"}) {
+    if (config.family == ModelFamily::mixtral) {
+      if (k.starts_with("experts.")) k = k.substr(0, 8) + (k[8] == 'g' ? "w1" : k[8] == 'u' ? "w3" : "w2") + ".weight";
+    }
+    want.push_back(block + k);
+  }
+  if (!config.mlp_only_layers.empty()) {
+    for (const char* k : {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
+      want.push_back(k);
+    }
+  }
+  for (const auto& k : want) EXPECT_TRUE(kinds.count(k)) << k;
+  EXPECT_EQ(kinds.count("lm_head.weight"), config.tie_word_embeddings ? 0u : 1u);
+  EXPECT_EQ(kinds.count("self_attn.q_norm.weight"), config.qk_norm() == QkNorm::none ? 0u : 1u);
+}
+
+TEST(ModelGrad, Qwen3UntiedRenormalisedMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::qwen3, false, true), 11);
+}
+
+TEST(ModelGrad, Qwen3TiedNotRenormalisedWithBiasMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::qwen3, true, false, true), 12);
+}
+
+TEST(ModelGrad, OlmoeWholeQkNormMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::olmoe, false, false), 13);
+}
+
+TEST(ModelGrad, MixtralMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::mixtral, false, false), 14);
+}
+
+TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
+  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral}) {
+    for (bool tied : {false, true}) {
+      ModelConfig c = testing::tiny_model_config(f, tied, true, tied);
+      CausalLM model(c, DType::f32);
+      std::vector<ModelParam> params = model.params();
+      std::vector<HfTensor> want = hf_tensors(c);
+      ASSERT_EQ(params.size(), want.size());
+      for (size_t i = 0; i < want.size(); ++i) {
+        EXPECT_EQ(params[i].name, want[i].name);
+        EXPECT_EQ(params[i].value.shape(), want[i].shape) << want[i].name;
+        EXPECT_EQ(params[i].role, want[i].role) << want[i].name;
+        ASSERT_TRUE(params[i].grad.defined()) << want[i].name;
+        EXPECT_EQ(params[i].grad.shape(), want[i].shape) << want[i].name;
+        EXPECT_EQ(params[i].grad.dtype(), DType::f32) << want[i].name;
+      }
+    }
+  }
+}
+
+// Freezing the experts (and everything but the attention) leaves the
+// remaining gradients bitwise unchanged and gives the frozen ones none.
+TEST(ModelParams, FrozenParametersHoldNoGradAndChangeNothingElse) {
+  ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
+  testing::Batch batch = testing::make_batch(c.vocab_size, 5);
+  auto run = [&](bool freeze) {
+    CausalLM model(c, DType::f32);
+    testing::randomize(model, 21);
+    if (freeze) {
+      model.set_requires_grad_all(false);
+      model.set_requires_grad("model.layers.0.self_attn.q_proj.weight", true);
+      model.set_requires_grad("model.layers.2.self_attn.q_norm.weight", true);
+    }
+    model.forward(batch.ids, batch.targets, batch.B, batch.T);
+    model.backward();
+    std::map<std::string, Tensor> grads;
+    for (ModelParam& p : model.params()) {
+      EXPECT_EQ(p.grad.defined(), p.requires_grad) << p.name;
+      if (p.grad.defined()) grads[p.name] = p.grad.clone();
+    }
+    return grads;
+  };
+  auto all = run(false), some = run(true);
+  ASSERT_EQ(some.size(), 2u);
+  for (const auto& [name, g] : some) EXPECT_TRUE(testing::bitwise_equal(g, all.at(name), name));
+}
+
+TEST(ModelParams, GroupsFreezeTogetherAndUnknownNamesAreErrors) {
+  ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
+  CausalLM model(c, DType::f32);
+  model.set_requires_grad("model.layers.1.mlp.up_proj.weight", false);
+  model.set_requires_grad("model.layers.0.mlp.experts.2.down_proj.weight", false);
+  for (const ModelParam& p : model.params()) {
+    bool frozen = p.name.starts_with("model.layers.1.mlp.gate_proj") ||
+                  p.name.starts_with("model.layers.1.mlp.up_proj") ||
+                  p.name.starts_with("model.layers.0.mlp.experts.");
+    EXPECT_EQ(p.requires_grad, !frozen) << p.name;
+  }
+  EXPECT_THROW(model.set_requires_grad("model.layers.9.mlp.up_proj.weight", false), Error);
+}
+
+// Gradients accumulate across backwards until zero_grad.
+TEST(ModelParams, GradientsAccumulate) {
+  ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
+  testing::Batch batch = testing::make_batch(c.vocab_size, 8);
+  CausalLM model(c, DType::f64);
+  testing::randomize(model, 9);
+  model.forward(batch.ids, batch.targets, batch.B, batch.T);
+  model.backward();
+  std::vector<Tensor> once;
+  for (ModelParam& p : model.params()) once.push_back(p.grad.clone());
+  model.forward(batch.ids, batch.targets, batch.B, batch.T);
+  model.backward();
+  std::vector<ModelParam> params = model.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    Tensor twice = once[i].clone();
+    for (int64_t j = 0; j < twice.numel(); ++j) twice.set(j, 2 * twice.get(j));
+    EXPECT_TRUE(testing::all_close(params[i].grad, twice, 1e-12, 1e-15, params[i].name));
+  }
+  model.zero_grad();
+  for (ModelParam& p : model.params()) {
+    for (int64_t j = 0; j < p.grad.numel(); ++j) ASSERT_EQ(p.grad.get(j), 0.0) << p.name;
+  }
+  EXPECT_THROW(model.backward(), Error);  // no forward since the last backward
+}
+
+}  // namespace
+}  // namespace tiermoe
