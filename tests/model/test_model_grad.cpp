@@ -154,6 +154,7 @@ TEST(ModelParams, GroupsFreezeTogetherAndUnknownNamesAreErrors) {
 
 // Gradients accumulate across backwards until zero_grad.
 TEST(ModelParams, GradientsAccumulate) {
+  testing::SingleThread one_thread;
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   testing::Batch batch = testing::make_batch(c.vocab_size, 8);
   CausalLM model(c, DType::f64);
