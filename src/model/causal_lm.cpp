@@ -249,6 +249,13 @@ void CausalLM::backward() {
     dx_TD = dprev_TD;
   }
   if (Tensor dtable = embed_.grad_sink(); dtable.defined()) {
+    // nn.Embedding(padding_idx = pad_token_id): the lookup adds nothing to
+    // the pad row's gradient (a tied lm_head still does).
+    if (config_.pad_token_id) {
+      for (int64_t t = 0; t < N; ++t) {
+        if (ids_[size_t(t)] == *config_.pad_token_id) dx_TD.rows(t, t + 1).zero();
+      }
+    }
     cpu::embedding_backward(dtable, dx_TD, ids_, /*accumulate=*/true);
   }
   saved_.clear();

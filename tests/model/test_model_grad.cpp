@@ -114,6 +114,7 @@ TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
 // Freezing the experts (and everything but the attention) leaves the
 // remaining gradients bitwise unchanged and gives the frozen ones none.
 TEST(ModelParams, FrozenParametersHoldNoGradAndChangeNothingElse) {
+  testing::SingleThread one_thread;
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   testing::Batch batch = testing::make_batch(c.vocab_size, 5);
   auto run = [&](bool freeze) {
@@ -176,6 +177,60 @@ TEST(ModelParams, GradientsAccumulate) {
     for (int64_t j = 0; j < p.grad.numel(); ++j) ASSERT_EQ(p.grad.get(j), 0.0) << p.name;
   }
   EXPECT_THROW(model.backward(), Error);  // no forward since the last backward
+}
+
+// The other tests run on one thread; the result must not depend on it.
+TEST(ModelGrad, ThreadCountDoesNotChangeLossOrGradients) {
+  ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
+  testing::Batch batch = testing::make_batch(c.vocab_size, 23, 4, 8);
+  auto run = [&](int threads) {
+    set_num_threads(threads);
+    CausalLM model(c, DType::bf16);
+    testing::randomize(model, 24);
+    double loss = model.forward(batch.ids, batch.targets, batch.B, batch.T);
+    model.backward();
+    std::vector<Tensor> grads;
+    for (ModelParam& p : model.params()) grads.push_back(p.grad.clone());
+    set_num_threads(0);
+    return std::pair{loss, grads};
+  };
+  auto [l1, g1] = run(1);
+  auto [ln, gn] = run(0);
+  EXPECT_EQ(l1, ln);
+  for (size_t i = 0; i < g1.size(); ++i) EXPECT_TRUE(testing::bitwise_equal(gn[i], g1[i]));
+}
+
+// HF's nn.Embedding(padding_idx = pad_token_id): the lookup adds nothing to
+// the pad row's gradient; a tied lm_head still does.
+TEST(ModelGrad, PadRowGetsNoGradientFromTheLookup) {
+  testing::SingleThread one_thread;
+  for (bool tied : {false, true}) {
+    ModelConfig c = testing::tiny_model_config(Family::qwen3, tied, true);
+    testing::Batch batch = testing::make_batch(c.vocab_size, 17);
+    const int32_t pad = batch.ids[3];
+    auto pad_row = [&](bool with_pad) {
+      ModelConfig cc = c;
+      if (with_pad) cc.pad_token_id = pad;
+      CausalLM model(cc, DType::f64);
+      testing::randomize(model, 18);
+      model.forward(batch.ids, batch.targets, batch.B, batch.T);
+      model.backward();
+      return model.params().front().grad.rows(pad, pad + 1).clone();
+    };
+    Tensor with = pad_row(true), without = pad_row(false);
+    double with_max = 0, without_max = 0;
+    for (int64_t i = 0; i < with.numel(); ++i) {
+      with_max = std::max(with_max, std::abs(with.get(i)));
+      without_max = std::max(without_max, std::abs(without.get(i)));
+    }
+    EXPECT_GT(without_max, 0.0);
+    if (tied) {
+      EXPECT_GT(with_max, 0.0) << "the tied lm_head still reaches the pad row";
+      EXPECT_FALSE(testing::bitwise_equal(with, without, "pad row"));
+    } else {
+      EXPECT_EQ(with_max, 0.0);
+    }
+  }
 }
 
 }  // namespace

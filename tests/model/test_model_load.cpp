@@ -105,6 +105,7 @@ double loss_of(CausalLM& m, const testing::Batch& b) {
 }
 
 TEST(ModelLoad, InitCheckpointLoadsWithItsValues) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   fs::path dir = temp_dir("init");
   NamedTensors tensors = init_tensors(c, DType::bf16, 3);
@@ -123,6 +124,7 @@ TEST(ModelLoad, InitCheckpointLoadsWithItsValues) {
 }
 
 TEST(ModelLoad, PerExpertAndFusedLayoutsGiveBitwiseTheSameLoss) {
+  testing::SingleThread one_thread;  // tiny shapes
   for (Family f : {Family::qwen3, Family::mixtral}) {
     ModelConfig c = testing::tiny_model_config(f, false, true);
     NamedTensors tensors = random_tensors(c, DType::bf16, 5);
@@ -145,6 +147,7 @@ TEST(ModelLoad, PerExpertAndFusedLayoutsGiveBitwiseTheSameLoss) {
 }
 
 TEST(ModelLoad, SaveCheckpointRoundTrips) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::olmoe, true, false, true);
   CausalLM m(c, DType::f64);
   testing::randomize(m, 7);
@@ -162,6 +165,7 @@ TEST(ModelLoad, SaveCheckpointRoundTrips) {
 }
 
 TEST(ModelLoad, MissingTensorIsAnErrorNamingIt) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   NamedTensors tensors = init_tensors(c, DType::f32, 1);
   const std::string gone = "model.layers.2.mlp.experts.1.up_proj.weight";
@@ -173,6 +177,7 @@ TEST(ModelLoad, MissingTensorIsAnErrorNamingIt) {
 }
 
 TEST(ModelLoad, WrongShapeIsAnErrorNamingTheTensorAndBothShapes) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   NamedTensors tensors = init_tensors(c, DType::f32, 1);
   for (auto& [name, t] : tensors) {
@@ -185,6 +190,7 @@ TEST(ModelLoad, WrongShapeIsAnErrorNamingTheTensorAndBothShapes) {
 }
 
 TEST(ModelLoad, VocabMismatchIsAnErrorNamingTheEmbedding) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   fs::path dir = temp_dir("vocab");
   write_checkpoint(dir, c, init_tensors(c, DType::f32, 1));
@@ -196,6 +202,7 @@ TEST(ModelLoad, VocabMismatchIsAnErrorNamingTheEmbedding) {
 }
 
 TEST(ModelLoad, ExtraTensorIsAnErrorNamingIt) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, true, true);
   NamedTensors tensors = init_tensors(c, DType::f32, 1);
   tensors.emplace_back("lm_head.weight", Tensor::zeros({40, 16}, DType::f32));
@@ -215,6 +222,7 @@ TEST(ModelLoad, ExtraTensorIsAnErrorNamingIt) {
 // relative); bf16 rounds activations at 2^-8 through 3 layers, and a routing
 // near-tie can pick another expert, so the loss only to 3e-2 relative.
 TEST(ModelPrecision, F32AndBf16ForwardsTrackF64) {
+  testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, false, true);
   CausalLM ref(c, DType::f64);
   testing::randomize(ref, 31);

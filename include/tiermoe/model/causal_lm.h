@@ -14,6 +14,9 @@
 // or bf16 (bf16 storage, f32 accumulation and statistics). Gradients are f32
 // (f64 in f64 runs) and accumulate across backward() calls until zero_grad().
 //
+// With pad_token_id set, the embedding lookup gives the pad row no gradient,
+// as HF's nn.Embedding(padding_idx) does.
+//
 // Parameters are addressed by their HF names (params()), in the checkpoint's
 // module order; the per-expert and dense gate/up tensors are slices of the
 // stacked weights the kernels use. Tensors that share one stacked weight (a
