@@ -186,7 +186,9 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
 
   Tensor x_TD = Tensor::empty({N, D}, dtype_);
   cpu::embedding_forward(x_TD, embed_.value, ids_BT);
-  for (size_t l = 0; l < layers_.size(); ++l) x_TD = layers_[l]->forward(x_TD, rope_, saved_[l]);
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    x_TD = layers_[l]->forward(x_TD, rope_, saved_[l], grad);
+  }
 
   xf_TD_ = x_TD;
   rstd_f_T_ = Tensor::empty({N}, acc_dtype_for(dtype_));

@@ -28,7 +28,8 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
   }
 }
 
-Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved) {
+Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved,
+                             bool weight_grads) {
   const int64_t T = x_TD.size(0), D = x_TD.size(1);
   const DType dt = x_TD.dtype();
   saved.x_TD = x_TD;
@@ -45,7 +46,7 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_);
   Tensor out_TD;
   if (moe_) {
-    out_TD = moe_->forward(m_TD, saved.moe);
+    out_TD = moe_->forward(m_TD, saved.moe, weight_grads);
   } else {
     out_TD = Tensor::empty({T, D}, dt);
     mlp_->forward(out_TD, m_TD, saved.mlp);

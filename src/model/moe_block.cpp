@@ -50,8 +50,8 @@ void MoeBlock::zero_grad() {
   if (experts_.has_grads()) experts_.zero_grad();
 }
 
-Tensor MoeBlock::forward(const Tensor& x_TD, MoeSaved& saved) {
-  return layer_.forward(x_TD, saved, experts_grad_);
+Tensor MoeBlock::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads) {
+  return layer_.forward(x_TD, saved, weight_grads && experts_grad_);
 }
 
 void MoeBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, MoeSaved& saved,

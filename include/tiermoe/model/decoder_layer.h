@@ -32,7 +32,9 @@ class DecoderLayer {
   // "model.layers.{i}."
   const std::string& prefix() const { return prefix_; }
 
-  Tensor forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved);
+  // weight_grads = false: no backward with weight gradients follows (evaluation).
+  Tensor forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved,
+                 bool weight_grads = true);
   // dx_TD is written. dlogits_extra_TE: the aux loss's gradient on this
   // layer's router logits (MoE layers; may be undefined).
   void backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTables& rope,

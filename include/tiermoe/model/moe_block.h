@@ -26,8 +26,9 @@ class MoeBlock {
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;
 
-  // y_TD = moe(x_TD). With the experts frozen the forward keeps only what dx needs.
-  Tensor forward(const Tensor& x_TD, MoeSaved& saved);
+  // y_TD = moe(x_TD). With the experts frozen, or no backward to follow
+  // (weight_grads false), the forward keeps only what dx needs.
+  Tensor forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads = true);
   // dx_TD (=, or += with accumulate); dlogits_extra_TE (the aux loss's
   // gradient on this layer's router logits) may be undefined. Router grads
   // always accumulate; expert grads when the experts require grad.
