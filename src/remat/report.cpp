@@ -62,9 +62,11 @@ std::string SavedTensorsReport::to_table() const {
   char line[256];
   auto row = [&](const std::string& region, const std::string& name, const std::string& dtype,
                  const std::string& shape, const std::string& bytes, const std::string& note) {
-    std::snprintf(line, sizeof line, "%-28s %-12s %-5s %-16s %12s  %s\n", region.c_str(),
+    std::snprintf(line, sizeof line, "%-28s %-12s %-5s %-16s %12s  %s", region.c_str(),
                   name.c_str(), dtype.c_str(), shape.c_str(), bytes.c_str(), note.c_str());
-    out += line;
+    std::string_view text(line);
+    out.append(text.substr(0, text.find_last_not_of(' ') + 1));
+    out += '\n';
   };
   if (!policy_.empty()) out += "remat policy: " + policy_ + "\n";
   row("region", "tensor", "dtype", "shape", "bytes", "");

@@ -96,6 +96,7 @@ TEST(SavedTensorsReport, TableAndJson) {
     EXPECT_NE(table.find(want), std::string::npos) << want << "\n" << table;
   }
   EXPECT_EQ(table.find("x_ND"), std::string::npos) << "default replays dispatch\n" << table;
+  EXPECT_EQ(table.find(" \n"), std::string::npos) << "trailing blanks\n" << table;
 
   nlohmann::json j = nlohmann::json::parse(r.to_json());
   EXPECT_EQ(j["policy"], "default");
