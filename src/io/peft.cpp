@@ -38,8 +38,8 @@ void check_module_shapes(const std::string& path, const PeftLoraWeights& w, int6
   const std::string a_key = kPeftKeyPrefix + path + kSuffixA;
   const std::string b_key = kPeftKeyPrefix + path + kSuffixB;
   TIERMOE_CHECK(w.A_RI.defined() && w.B_OR.defined(),
-                "module " + printable(path) + " lacks " + (w.A_RI.defined() ? b_key : a_key),
-                where, "every adapted module needs both lora_A and lora_B");
+                "module " + printable(path) + " lacks " + (w.A_RI.defined() ? b_key : a_key), where,
+                "every adapted module needs both lora_A and lora_B");
   TIERMOE_CHECK(w.A_RI.dim() == 2 && w.B_OR.dim() == 2,
                 str_of(printable(a_key), " is ", w.A_RI.str(), " and ", printable(b_key), " is ",
                        w.B_OR.str(), "; both must be 2-D"),
@@ -140,8 +140,8 @@ PeftLoraConfig parse_config(const std::string& path) {
 
   std::string peft_type = f.get_string("peft_type", "");
   if (peft_type != "LORA") {
-    f.fail("peft_type", "peft_type is " + (peft_type.empty() ? "missing" : printable(peft_type)) +
-                            ", not LORA",
+    f.fail("peft_type",
+           "peft_type is " + (peft_type.empty() ? "missing" : printable(peft_type)) + ", not LORA",
            "TierMoE reads LoRA adapters only");
   }
   if (f.get_bool("use_dora", false)) {
@@ -175,8 +175,9 @@ PeftLoraConfig parse_config(const std::string& path) {
 
   PeftLoraConfig c;
   if (!f.has("r") || !f.at("r").is_number_integer() || f.at("r").get<int64_t>() <= 0) {
-    f.fail("r", "r must be a positive integer" +
-                    (f.has("r") ? ", got " + printable(f.at("r").dump()) : std::string(" (missing)")),
+    f.fail("r",
+           "r must be a positive integer" +
+               (f.has("r") ? ", got " + printable(f.at("r").dump()) : std::string(" (missing)")),
            "r is the LoRA rank");
   }
   c.r = f.at("r").get<int64_t>();
@@ -193,8 +194,8 @@ PeftLoraConfig parse_config(const std::string& path) {
   }
   const Json& targets = f.at("target_modules");
   if (targets.is_string()) {
-    f.fail("target_modules", "target_modules is a regular expression (" +
-                                 printable(targets.get<std::string>()) + ")",
+    f.fail("target_modules",
+           "target_modules is a regular expression (" + printable(targets.get<std::string>()) + ")",
            "only a list of module names is supported, e.g. [\"q_proj\", \"v_proj\"]");
   }
   if (!targets.is_array()) f.type_error("target_modules", "a list of module names");
@@ -277,9 +278,9 @@ PeftAdapter load_peft_adapter(const std::string& dir) {
                   "unexpected tensor " + printable(key), weights_path + " key " + printable(key),
                   "expected only base_model.model.<module>.lora_A.weight / lora_B.weight "
                   "(no biases, DoRA magnitudes, embeddings or adapter names)");
-    std::string path = key.substr(std::string_view(kPeftKeyPrefix).size(),
-                                  key.size() - std::string_view(kPeftKeyPrefix).size() -
-                                      std::string_view(kSuffixA).size());
+    std::string path = key.substr(
+        std::string_view(kPeftKeyPrefix).size(),
+        key.size() - std::string_view(kPeftKeyPrefix).size() - std::string_view(kSuffixA).size());
     TIERMOE_CHECK(!path.empty(), "empty module path in " + printable(key),
                   weights_path + " key " + printable(key), "the file is malformed");
     TIERMOE_CHECK(matches_targets(path, adapter.config.target_modules),

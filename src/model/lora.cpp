@@ -28,10 +28,10 @@ std::string_view trim(std::string_view s) {
 }
 
 void check_target_name(std::string_view name, std::string_view where) {
-  TIERMOE_CHECK(name != "gate" && name != "mlp.gate" && name != "router",
-                "'" + std::string(name) + "' names the MoE router (mlp.gate), which is never adapted",
-                std::string(where),
-                "LoRA adapts the experts through gate_proj, up_proj and down_proj");
+  TIERMOE_CHECK(
+      name != "gate" && name != "mlp.gate" && name != "router",
+      "'" + std::string(name) + "' names the MoE router (mlp.gate), which is never adapted",
+      std::string(where), "LoRA adapts the experts through gate_proj, up_proj and down_proj");
   for (std::string_view n : kLoraTargetNames) {
     if (name == n) return;
   }
@@ -85,8 +85,9 @@ void LoraConfig::validate(std::string_view where) const {
   std::string w(where);
   TIERMOE_CHECK(rank > 0, str_of("LoRA rank must be positive, got ", rank), w,
                 "pass --lora-rank R with R >= 1");
-  TIERMOE_CHECK(std::isfinite(alpha) && alpha > 0, str_of("LoRA alpha must be positive, got ", alpha),
-                w, "pass --lora-alpha A with A > 0 (PEFT's default is 8)");
+  TIERMOE_CHECK(std::isfinite(alpha) && alpha > 0,
+                str_of("LoRA alpha must be positive, got ", alpha), w,
+                "pass --lora-alpha A with A > 0 (PEFT's default is 8)");
   TIERMOE_CHECK(dropout == 0.0, str_of("LoRA dropout ", dropout, " is not supported"), w,
                 "TierMoE trains LoRA with lora_dropout 0");
   TIERMOE_CHECK(!targets.empty(), "no LoRA targets", w,
@@ -144,9 +145,7 @@ LoraConfig from_peft_config(const PeftLoraConfig& peft, std::string_view where) 
   return c;
 }
 
-DType lora_master_dtype(DType compute) {
-  return compute == DType::f64 ? DType::f64 : DType::f32;
-}
+DType lora_master_dtype(DType compute) { return compute == DType::f64 ? DType::f64 : DType::f32; }
 
 void lora_init(Tensor& A_RI, Tensor& B_OR, Rng& rng) {
   TIERMOE_ASSERT(A_RI.dim() == 2 && A_RI.size(1) > 0, A_RI.str());
@@ -273,8 +272,7 @@ LoraAdapter::LoraAdapter(int64_t in, int64_t out, const LoraConfig& config, DTyp
 
 void LoraAdapter::init(Rng& rng) { lora_init(A_RI, B_OR, rng); }
 
-void LoraAdapter::forward(Tensor& y_MY, Tensor& u_MR, const Tensor& x_MI,
-                          LoraColumns cols) const {
+void LoraAdapter::forward(Tensor& y_MY, Tensor& u_MR, const Tensor& x_MI, LoraColumns cols) const {
   lora_forward(y_MY, u_MR, x_MI, A_RI, B_OR, scaling_, cols);
 }
 
@@ -303,9 +301,12 @@ void LoraAdapter::load_peft(const PeftLoraWeights& w) {
 
 std::string_view expert_proj_name(ExpertProj p) {
   switch (p) {
-    case ExpertProj::gate: return "gate_proj";
-    case ExpertProj::up: return "up_proj";
-    case ExpertProj::down: return "down_proj";
+    case ExpertProj::gate:
+      return "gate_proj";
+    case ExpertProj::up:
+      return "up_proj";
+    case ExpertProj::down:
+      return "down_proj";
   }
   __builtin_unreachable();
 }
@@ -346,8 +347,7 @@ const ExpertLora::Proj& ExpertLora::proj(ExpertProj p) const {
     if (w.which == p) return w;
   }
   throw Error(std::string(expert_proj_name(p)) + " is not a LoRA target", prefix_,
-              "add it to --lora-targets to adapt the experts' " +
-                  std::string(expert_proj_name(p)));
+              "add it to --lora-targets to adapt the experts' " + std::string(expert_proj_name(p)));
 }
 
 ExpertLora::Proj& ExpertLora::proj(ExpertProj p) {

@@ -41,8 +41,10 @@ PeftLoraModules test_modules(DType dtype, uint64_t seed = 1) {
   m[kQPath] = {random_tensor({kR, kD}, dtype, rng), random_tensor({kQ, kR}, dtype, rng)};
   for (int e = 0; e < 2; ++e) {
     std::string p = "model.layers.1.mlp.experts." + std::to_string(e);
-    m[p + ".gate_proj"] = {random_tensor({kR, kD}, dtype, rng), random_tensor({kF, kR}, dtype, rng)};
-    m[p + ".down_proj"] = {random_tensor({kR, kF}, dtype, rng), random_tensor({kD, kR}, dtype, rng)};
+    m[p + ".gate_proj"] = {random_tensor({kR, kD}, dtype, rng),
+                           random_tensor({kF, kR}, dtype, rng)};
+    m[p + ".down_proj"] = {random_tensor({kR, kF}, dtype, rng),
+                           random_tensor({kD, kR}, dtype, rng)};
   }
   return m;
 }
@@ -81,7 +83,8 @@ TEST(Peft, Bf16StorageRoundsOnceAndRoundTrips) {
   save_peft_adapter(dir.path().string(), test_config(), modules, DType::bf16);
   PeftAdapter back = load_peft_adapter(dir.path().string());
   PeftLoraModules rounded;
-  for (const auto& [path, w] : modules) rounded[path] = {w.A_RI.to(DType::bf16), w.B_OR.to(DType::bf16)};
+  for (const auto& [path, w] : modules)
+    rounded[path] = {w.A_RI.to(DType::bf16), w.B_OR.to(DType::bf16)};
   expect_same_modules(back.modules, rounded);
 
   // Saving what was loaded writes the same bytes again.
@@ -100,12 +103,32 @@ TEST(Peft, ConfigHasPeftKeysAndDefaults) {
   // The fields PEFT's LoraConfig.to_dict() writes (formats.md 4.1).
   std::set<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.insert(k);
-  std::set<std::string> want = {
-      "alpha_pattern", "auto_mapping", "base_model_name_or_path", "bias", "exclude_modules",
-      "fan_in_fan_out", "inference_mode", "init_lora_weights", "layer_replication",
-      "layers_pattern", "layers_to_transform", "loftq_config", "lora_alpha", "lora_bias",
-      "lora_dropout", "megatron_config", "megatron_core", "modules_to_save", "peft_type", "r",
-      "rank_pattern", "revision", "target_modules", "task_type", "use_dora", "use_rslora"};
+  std::set<std::string> want = {"alpha_pattern",
+                                "auto_mapping",
+                                "base_model_name_or_path",
+                                "bias",
+                                "exclude_modules",
+                                "fan_in_fan_out",
+                                "inference_mode",
+                                "init_lora_weights",
+                                "layer_replication",
+                                "layers_pattern",
+                                "layers_to_transform",
+                                "loftq_config",
+                                "lora_alpha",
+                                "lora_bias",
+                                "lora_dropout",
+                                "megatron_config",
+                                "megatron_core",
+                                "modules_to_save",
+                                "peft_type",
+                                "r",
+                                "rank_pattern",
+                                "revision",
+                                "target_modules",
+                                "task_type",
+                                "use_dora",
+                                "use_rslora"};
   EXPECT_EQ(keys, want);
 
   EXPECT_EQ(j["peft_type"], "LORA");
@@ -193,23 +216,35 @@ TEST(PeftMalformed, ConfigErrorsNameFileAndKey) {
   std::vector<ConfigCase> cases = {
       {"peft_type", [](Json& j) { j["peft_type"] = "IA3"; }, {"IA3", "not LORA", "key peft_type"}},
       {"dora", [](Json& j) { j["use_dora"] = true; }, {"DoRA", "key use_dora"}},
-      {"modules_to_save", [](Json& j) { j["modules_to_save"] = {"lm_head"}; },
+      {"modules_to_save",
+       [](Json& j) { j["modules_to_save"] = {"lm_head"}; },
        {"lm_head", "key modules_to_save"}},
       {"bias", [](Json& j) { j["bias"] = "all"; }, {"bias is all", "key bias"}},
       {"lora_bias", [](Json& j) { j["lora_bias"] = true; }, {"key lora_bias"}},
       {"fan_in_fan_out", [](Json& j) { j["fan_in_fan_out"] = true; }, {"key fan_in_fan_out"}},
-      {"rank_pattern", [](Json& j) { j["rank_pattern"] = {{"q_proj", 2}}; },
+      {"rank_pattern",
+       [](Json& j) {
+         j["rank_pattern"] = {{"q_proj", 2}};
+       },
        {"not supported", "key rank_pattern"}},
-      {"alpha_pattern", [](Json& j) { j["alpha_pattern"] = {{"q_proj", 2}}; },
+      {"alpha_pattern",
+       [](Json& j) {
+         j["alpha_pattern"] = {{"q_proj", 2}};
+       },
        {"key alpha_pattern"}},
-      {"regex targets", [](Json& j) { j["target_modules"] = ".*q_proj"; },
+      {"regex targets",
+       [](Json& j) { j["target_modules"] = ".*q_proj"; },
        {"regular expression", "key target_modules"}},
       {"r missing", [](Json& j) { j.erase("r"); }, {"r must be a positive integer", "key r"}},
       {"r not int", [](Json& j) { j["r"] = 4.5; }, {"key r"}},
       {"alpha type", [](Json& j) { j["lora_alpha"] = "16"; }, {"a number", "key lora_alpha"}},
-      {"rank differs from r", [](Json& j) { j["r"] = kR * 2; },
+      {"rank differs from r",
+       [](Json& j) { j["r"] = kR * 2; },
        {"has rank 4 but r is 8", kPeftWeightsFile}},
-      {"module not targeted", [](Json& j) { j["target_modules"] = {"q_proj", "gate_proj"}; },
+      {"module not targeted",
+       [](Json& j) {
+         j["target_modules"] = {"q_proj", "gate_proj"};
+       },
        {"down_proj", "not among target_modules", kPeftWeightsFile}},
   };
   for (const ConfigCase& c : cases) {
@@ -242,8 +277,9 @@ TEST(PeftMalformed, TensorErrorsNameFileAndKey) {
   }
   {
     Fixture fx;
-    fx.replace_tensors(
-        [&](NamedTensors& t) { t.emplace_back(q + ".lora_B.bias", Tensor::zeros({kQ}, DType::f32)); });
+    fx.replace_tensors([&](NamedTensors& t) {
+      t.emplace_back(q + ".lora_B.bias", Tensor::zeros({kQ}, DType::f32));
+    });
     EXPECT_TRUE(fx.load_fails_with({"unexpected tensor", q + ".lora_B.bias", kPeftWeightsFile}));
   }
   {

@@ -1,7 +1,8 @@
 #pragma once
 // LoRA with PEFT semantics (formats.md 4.2): a frozen linear y = x W^T gains
 //
-//   y_MO += scaling * (x_MI . A_RI^T) . B_OR^T,   scaling = alpha / r  (alpha / sqrt(r) with rslora)
+//   y_MO += scaling * (x_MI . A_RI^T) . B_OR^T,   scaling = alpha / r  (alpha / sqrt(r) with
+//   rslora)
 //
 // with A ~ U(-1/sqrt(in), 1/sqrt(in)) (kaiming_uniform_, a = sqrt(5)) and B = 0,
 // so a fresh adapter leaves the model unchanged.
@@ -112,8 +113,7 @@ void lora_merge(Tensor& w_OI, const Tensor& A_RI, const Tensor& B_OR, double sca
 // working copy is the master: no second copy).
 class LoraAdapter {
  public:
-  LoraAdapter(int64_t in, int64_t out, const LoraConfig& config, DType compute,
-              std::string name);
+  LoraAdapter(int64_t in, int64_t out, const LoraConfig& config, DType compute, std::string name);
 
   const std::string& name() const { return name_; }  // HF module path
   int64_t in() const { return A_RI.size(1); }
