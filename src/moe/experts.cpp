@@ -173,7 +173,7 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
                 "run forward with weight_grads = true");
   TIERMOE_CHECK(!(weight_grads || absorbed) || acts.a_MF.defined(),
                 "this backward needs the activation a_NF, which forward did not keep", name_,
-                "keep a_NF (or rebuild it by a replay) when weight grads or absorbed scores need it");
+                "keep a_NF (or rebuild it by replay) for weight grads or absorbed scores");
   // Parameter grads of a [D] row go to scratch when only dx is wanted (frozen experts).
   auto grad_or_scratch = [&](const Tensor& g_ED) {
     return weight_grads ? g_ED.select(e) : Tensor::zeros({D}, grad_dtype());

@@ -6,7 +6,7 @@
 // same rows per expert, same threads). The regions of a layer named `moe`:
 //
 //   region         body                      what backward may read (kept or replayed)
-//   moe.router     route: logits, top-k      x_TD, logits_TE, probs_TE, weights_TK  -- never replayed
+//   moe.router     route: logits, top-k      x_TD, logits_TE, probs_TE, weights_TK (never replayed)
 //   moe.dispatch   plan + gather x_TD rows   x_ND          (dW13; the input of a w13 replay)
 //   moe.w13        h = x . W13^T             h_N2F         (activation backward)
 //   moe.act        a = act(h)                a_NF          (dW2; absorbed d score; a w2 replay)
