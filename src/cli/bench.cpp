@@ -1,0 +1,121 @@
+// tiermoe bench moe-layer: one MoE layer at a preset's shapes (random weights,
+// a skewed routing), timed forward / forward + dx (LoRA, frozen experts) /
+// forward + dx + dW (full fine-tuning), with what its forward kept for
+// backward under a remat policy. --json prints one object on the last line.
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/moe/bench.h"
+#include "tiermoe/remat/policy.h"
+#include "tiermoe/remat/report.h"
+
+namespace tiermoe::cli {
+
+namespace {
+
+struct BenchMoeOptions {
+  std::string preset = "qwen3-30b-a3b";
+  int64_t tokens = 4096;
+  std::string dtype = "bf16";
+  std::string mode = "full";
+  std::string remat = "none";
+  std::string absorb = "auto";
+  int iters = 3, warmup = 1, threads = 0;
+  double zipf = 1.0;
+  uint64_t seed = 0;
+  bool json = false;
+};
+
+void run_bench_moe_layer(const BenchMoeOptions& o) {
+  const ModelConfig cfg = preset(o.preset, std::nullopt);
+  TIERMOE_CHECK(cfg.num_experts > 0, "preset '" + o.preset + "' has no MoE layers", "--preset",
+                "pick a MoE preset");
+  const RematPolicy policy = RematPolicy::parse(o.remat);
+
+  MoeBenchOptions opt;
+  opt.tokens = o.tokens;
+  opt.experts = cfg.num_experts;
+  opt.top_k = cfg.num_experts_per_tok;
+  opt.hidden = cfg.hidden_size;
+  opt.ffn = cfg.moe_intermediate_size;
+  opt.dtype = parse_dtype(o.dtype);
+  TIERMOE_CHECK(opt.dtype != DType::f64, "bench moe-layer runs bf16 or f32", "--dtype",
+                "f64 is the parity mode, not a speed mode");
+  opt.mode = parse_moe_bench_mode(o.mode);
+  opt.absorb_scores = parse_absorb_scores(o.absorb);
+  opt.keep = policy.moe_keep();
+  opt.zipf_exponent = o.zipf;
+  opt.iters = o.iters;
+  opt.warmup = o.warmup;
+  opt.threads = o.threads;
+  opt.seed = o.seed;
+
+  std::cerr << "bench moe-layer: " << o.preset << " (E " << opt.experts << ", K " << opt.top_k
+            << ", D " << opt.hidden << ", F " << opt.ffn << "), T " << opt.tokens << ", "
+            << o.dtype << ", mode " << o.mode << ", remat " << policy.name() << ", "
+            << (o.threads > 0 ? o.threads : num_threads()) << " threads, " << opt.warmup
+            << " warm-up + " << opt.iters << " timed iterations\n";
+  const MoeBenchResult r = run_moe_layer_bench(opt);
+
+  SavedTensorsReport report(policy.name());
+  report.add_moe_layer(r.layer_name, r.saved);
+  if (!o.json) {
+    std::cout << "tokens/s        " << r.tokens_per_s << "\n"
+              << "TFLOP/s         " << r.tflops << "  (expert GEMMs, 6 N D F per pass)\n"
+              << "step time       " << r.seconds << " s (median)\n"
+              << "absorbed scores " << (r.absorbed ? "yes" : "no") << "\n"
+              << "expert rows     " << r.min_expert_rows << " .. " << r.max_expert_rows << "\n"
+              << "retained        " << r.retained_bytes << " bytes ("
+              << format_bytes(r.retained_bytes) << ")\n\n"
+              << report.to_table();
+    return;
+  }
+  std::cerr << report.to_table();
+  nlohmann::json j = nlohmann::json::parse(r.to_json());
+  j["preset"] = o.preset;
+  j["remat"] = policy.name();
+  j["saved_tensors"] = nlohmann::json::parse(report.to_json());
+  std::cout << j.dump() << "\n";
+}
+
+}  // namespace
+
+void add_bench_command(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  bench->fallthrough();
+
+  auto o = std::make_shared<BenchMoeOptions>();
+  CLI::App* moe = bench->add_subcommand(
+      "moe-layer", "One MoE layer at a preset's shapes: tokens/s, TFLOP/s, retained bytes");
+  moe->fallthrough();
+  moe->add_option("--preset", o->preset, "Model preset giving E, K, D, F")
+      ->capture_default_str();
+  moe->add_option("--tokens", o->tokens, "Tokens T in the micro-batch")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  moe->add_option("--dtype", o->dtype, "bf16 or f32")->capture_default_str();
+  moe->add_option("--mode", o->mode, "fwd | lora (dx only) | full (dx and dW)")
+      ->capture_default_str();
+  moe->add_option("--remat", o->remat,
+                  "Remat policy: none | full | default | save-w2-only | save:<region>,...")
+      ->capture_default_str();
+  moe->add_option("--absorb-scores", o->absorb, "auto | on | off")->capture_default_str();
+  moe->add_option("--iters", o->iters, "Timed iterations (the median is reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  moe->add_option("--warmup", o->warmup, "Untimed iterations first")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  moe->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  moe->add_option("--zipf", o->zipf, "Routing skew: Zipf exponent of the expert prior (0: none)")
+      ->capture_default_str();
+  moe->add_option("--seed", o->seed, "Random seed")->capture_default_str();
+  moe->add_flag("--json", o->json, "Print one JSON object on stdout");
+  moe->callback([o] { run_bench_moe_layer(*o); });
+}
+
+}  // namespace tiermoe::cli

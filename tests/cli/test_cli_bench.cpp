@@ -1,0 +1,59 @@
+// tiermoe bench moe-layer as a user runs it: the JSON contract (DESIGN.md),
+// the remat report it prints, and clear errors for bad flags.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli_fixture.h"
+
+namespace tiermoe {
+namespace {
+
+nlohmann::json last_json_line(const std::string& out) {
+  auto end = out.find_last_not_of('\n');
+  auto begin = out.rfind('\n', end);
+  return nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
+}
+
+TEST_F(Cli, BenchMoeLayerJsonHasTheContractKeys) {
+  RunResult r = run({"bench", "moe-layer", "--preset", "tiny", "--tokens", "64", "--iters", "1",
+                     "--warmup", "0", "--mode", "full", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = last_json_line(r.out);
+  for (const char* key : {"tokens_per_s", "tflops", "retained_bytes", "mode", "dtype", "tokens",
+                          "threads", "saved_tensors"}) {
+    EXPECT_TRUE(j.contains(key)) << key;
+  }
+  EXPECT_EQ(j["mode"], "full");
+  EXPECT_EQ(j["dtype"], "bf16");
+  EXPECT_EQ(j["tokens"], 64);
+  EXPECT_GT(j["tokens_per_s"].get<double>(), 0.0);
+  // The report's total is the bytes the forward retained.
+  EXPECT_EQ(j["saved_tensors"]["bytes"], j["retained_bytes"]);
+}
+
+TEST_F(Cli, BenchMoeLayerRematPolicyShrinksWhatIsRetained) {
+  auto retained = [&](const std::string& policy) {
+    RunResult r = run({"bench", "moe-layer", "--preset", "tiny", "--tokens", "64", "--iters",
+                       "1", "--warmup", "0", "--remat", policy, "--json"});
+    EXPECT_EQ(r.rc, 0) << r.err;
+    EXPECT_TRUE(contains(r.err, "remat policy: " + policy)) << r.err;  // the table
+    return last_json_line(r.out)["retained_bytes"].get<size_t>();
+  };
+  size_t none = retained("none"), full = retained("full");
+  EXPECT_LT(full, none);
+}
+
+TEST_F(Cli, BenchMoeLayerRejectsBadFlags) {
+  RunResult r = run({"bench", "moe-layer", "--preset", "tiny", "--remat", "save:w3"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(contains(r.err, "w13")) << r.err;  // lists the valid region names
+  r = run({"bench", "moe-layer", "--preset", "tiny", "--mode", "train"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(contains(r.err, "fwd, lora")) << r.err;
+  r = run({"bench", "moe-layer", "--preset", "tiny", "--dtype", "f64"});
+  EXPECT_EQ(r.rc, 1);
+}
+
+}  // namespace
+}  // namespace tiermoe
