@@ -50,9 +50,10 @@ void check_rows_layout(const std::vector<int64_t>& offset_E, int64_t E, int64_t 
                 who, "pass the DispatchPlan's offset_E for these rows");
 }
 
-// One expert's rows of whatever `saved` holds (x_ND only when with_x).
-ExpertRowsActs rows_of(const SavedTensors& saved, bool post_norm, bool with_x, int64_t b,
-                       int64_t e) {
+// One expert's rows of whatever `saved` holds (x_ND only when with_x, the
+// adapter's intermediates only when with_lora).
+ExpertRowsActs rows_of(const SavedTensors& saved, bool post_norm, bool with_x, bool with_lora,
+                       int64_t b, int64_t e) {
   ExpertRowsActs acts;
   if (with_x) acts.x_MD = saved.get("x_ND").rows(b, e);
   acts.h_M2F = saved.get("h_N2F").rows(b, e);
@@ -61,7 +62,19 @@ ExpertRowsActs rows_of(const SavedTensors& saved, bool post_norm, bool with_x, i
     acts.ypre_MD = saved.get("ypre_ND").rows(b, e);
     acts.rstd_M = saved.get("rstd_N").rows(b, e);
   }
+  if (with_lora) {
+    if (saved.has("lora_gate_NR")) acts.lora_gate_MR = saved.get("lora_gate_NR").rows(b, e);
+    if (saved.has("lora_up_NR")) acts.lora_up_MR = saved.get("lora_up_NR").rows(b, e);
+    if (saved.has("lora_down_NR")) acts.lora_down_MR = saved.get("lora_down_NR").rows(b, e);
+  }
   return acts;
+}
+
+// The adapter's intermediates of one expert's rows, [b, e) of the N-row buffers.
+void lora_rows(ExpertRowsActs& acts, const ExpertRowsActs& all, int64_t b, int64_t e) {
+  if (all.lora_gate_MR.defined()) acts.lora_gate_MR = all.lora_gate_MR.rows(b, e);
+  if (all.lora_up_MR.defined()) acts.lora_up_MR = all.lora_up_MR.rows(b, e);
+  if (all.lora_down_MR.defined()) acts.lora_down_MR = all.lora_down_MR.rows(b, e);
 }
 
 // A kept activation goes into the record; a dropped one is a scratch buffer
@@ -72,6 +85,11 @@ Tensor keep_or_scratch(SavedTensors& saved, bool keep, const char* name, Shape s
 }
 
 }  // namespace
+
+ExpertAdapted HostExperts::adapted() const {
+  return {experts_->adapts(ExpertLinear::gate) || experts_->adapts(ExpertLinear::up),
+          experts_->adapts(ExpertLinear::down)};
+}
 
 void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
                           const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) {
@@ -96,11 +114,24 @@ void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<in
     all.ypre_MD = keep_or_scratch(saved, keep.w2, "ypre_ND", {N, D}, dt);
     all.rstd_M = keep_or_scratch(saved, keep.w2, "rstd_N", {N}, experts_->grad_dtype());
   }
+  if (ExpertAdapter* ad = experts_->adapter()) {
+    const Shape u{N, ad->rank()};
+    if (ad->adapts(ExpertLinear::gate)) {
+      all.lora_gate_MR = keep_or_scratch(saved, keep.lora_w13, "lora_gate_NR", u, ad->dtype());
+    }
+    if (ad->adapts(ExpertLinear::up)) {
+      all.lora_up_MR = keep_or_scratch(saved, keep.lora_w13, "lora_up_NR", u, ad->dtype());
+    }
+    if (ad->adapts(ExpertLinear::down)) {
+      all.lora_down_MR = keep_or_scratch(saved, keep.lora_w2, "lora_down_NR", u, ad->dtype());
+    }
+  }
   for_each_expert(offset_E, [&](int64_t e) {
     const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
     ExpertRowsActs acts;
     acts.h_M2F = all.h_M2F.rows(b, end);
     acts.a_MF = all.a_MF.rows(b, end);
+    lora_rows(acts, all, b, end);
     if (cfg.post_norm) {
       acts.ypre_MD = all.ypre_MD.rows(b, end);
       acts.rstd_M = all.rstd_M.rows(b, end);
@@ -118,24 +149,37 @@ void HostExperts::replay(SavedTensors& saved, const Tensor& x_ND,
   const int64_t N = offset_E.back(), D = cfg.hidden, F = cfg.ffn;
   const DType dt = experts_->dtype();
   check_rows_layout(offset_E, cfg.num_experts, N, name());
-  TIERMOE_ASSERT(!stages.w2 || cfg.post_norm, "only a postprocess's backward reads W2 products");
+  TIERMOE_ASSERT(!stages.w2 || cfg.post_norm || adapted().w2,
+                 "only a postprocess's or a down adapter's backward reads W2 products");
+  // A replayed stage rebuilds every product backward reads from it, the
+  // adapter's intermediates included.
+  ExpertAdapter* ad = experts_->adapter();
+  auto alloc_lora = [&](ExpertLinear p, const char* name) {
+    if (ad && ad->adapts(p)) saved.alloc(name, {N, ad->rank()}, ad->dtype());
+  };
   if (stages.w13) {
     check_shape(x_ND, {N, D}, name() + ": replay x_ND");
     saved.alloc("h_N2F", {N, 2 * F}, dt);
+    alloc_lora(ExpertLinear::gate, "lora_gate_NR");
+    alloc_lora(ExpertLinear::up, "lora_up_NR");
   }
   if (stages.act) saved.alloc("a_NF", {N, F}, dt);
   if (stages.w2) {
-    saved.alloc("ypre_ND", {N, D}, dt);
-    saved.alloc("rstd_N", {N}, experts_->grad_dtype());
+    if (cfg.post_norm) {
+      saved.alloc("ypre_ND", {N, D}, dt);
+      saved.alloc("rstd_N", {N}, experts_->grad_dtype());
+    }
+    alloc_lora(ExpertLinear::down, "lora_down_NR");
   }
   // The same per-expert order of stages as forward_rows, over the same rows.
   for_each_expert(offset_E, [&](int64_t e) {
     const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    ExpertRowsActs acts = rows_of(saved, cfg.post_norm && stages.w2, false, b, end);
-    if (stages.w13) experts_->w13_forward_rows(e, acts.h_M2F, x_ND.rows(b, end));
+    ExpertRowsActs acts = rows_of(saved, cfg.post_norm && stages.w2, false, true, b, end);
+    if (stages.w13) experts_->w13_forward_rows(e, acts, x_ND.rows(b, end));
     if (stages.act) experts_->act_forward_rows(acts.a_MF, acts.h_M2F);
     if (stages.w2) {
-      // The W2 output itself is not wanted: only the postprocess's inputs.
+      // The W2 output itself is not wanted: only the postprocess's inputs
+      // and the down adapter's intermediate.
       Tensor y = Tensor::empty({end - b, D}, dt, MemTag::activations, saved.tracker());
       experts_->w2_forward_rows(e, y, acts, score_N.defined() ? score_N.rows(b, end) : Tensor());
     }
@@ -144,7 +188,7 @@ void HostExperts::replay(SavedTensors& saved, const Tensor& x_ND,
 
 void HostExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
                            const std::vector<int64_t>& offset_E, const Tensor& score_N,
-                           const SavedTensors& saved, bool weight_grads) {
+                           const SavedTensors& saved, bool weight_grads, bool adapter_grads) {
   const ExpertsConfig& cfg = experts_->config();
   const int64_t N = dy_ND.size(0), D = cfg.hidden;
   check_shape(dy_ND, {N, D}, name() + ": dy_ND");
@@ -152,11 +196,13 @@ void HostExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
   check_rows_layout(offset_E, cfg.num_experts, N, name());
   if (score_N.defined()) check_shape(dscore_N, {N}, name() + ": dscore_N");
   if (weight_grads) experts_->allocate_grads();
+  const ExpertAdapted ad = adapted();
   // Rows of experts that got none stay untouched by the loop; padded rows
   // inside an expert's block are computed like any other (their dy is 0).
   for_each_expert(offset_E, [&](int64_t e) {
     const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    ExpertRowsActs acts = rows_of(saved, cfg.post_norm, weight_grads, b, end);
+    ExpertRowsActs acts = rows_of(saved, cfg.post_norm, weight_grads || (adapter_grads && ad.w13),
+                                  adapter_grads, b, end);
     Tensor dx = dx_ND.rows(b, end);
     Tensor ds = score_N.defined() ? dscore_N.rows(b, end) : Tensor();
     experts_->backward_rows(e, dx, ds, dy_ND.rows(b, end), acts,

@@ -72,6 +72,17 @@ void GroupedExperts::allocate_grads() {
   if (cfg_.post_norm) dnorm_ED = Tensor::zeros(norm_ED.shape(), g, MemTag::grads);
 }
 
+void GroupedExperts::free_grads() {
+  dw13_EFD = dw2_EDF = db13_E2F = db2_ED = dnorm_ED = Tensor();
+}
+
+void GroupedExperts::set_adapter(ExpertAdapter* adapter) {
+  TIERMOE_CHECK(!adapter || cfg_.activation == ExpertActivation::swiglu,
+                "LoRA on gpt_oss experts is not supported", name_,
+                "adapters assume the swiglu layout (gate rows, then up rows)");
+  adapter_ = adapter;
+}
+
 DType GroupedExperts::grad_dtype() const {
   return dtype_ == DType::f64 ? DType::f64 : DType::f32;
 }
@@ -121,15 +132,21 @@ void GroupedExperts::zero_grad() {
 void GroupedExperts::forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,
                                   const Tensor& x_MD, const Tensor& score_M) const {
   if (x_MD.size(0) == 0) return;
-  w13_forward_rows(e, acts.h_M2F, x_MD);
+  w13_forward_rows(e, acts, x_MD);
   act_forward_rows(acts.a_MF, acts.h_M2F);
   w2_forward_rows(e, y_MD, acts, score_M);
 }
 
-void GroupedExperts::w13_forward_rows(int64_t e, Tensor& h_M2F, const Tensor& x_MD) const {
+void GroupedExperts::w13_forward_rows(int64_t e, ExpertRowsActs& acts, const Tensor& x_MD) const {
   if (x_MD.size(0) == 0) return;
-  mm_forward(cfg_.kernels, h_M2F, x_MD, w13_EFD.select(e));
-  if (cfg_.bias) add_bias_forward(h_M2F, b13_E2F.select(e), Tensor());
+  mm_forward(cfg_.kernels, acts.h_M2F, x_MD, w13_EFD.select(e));
+  if (cfg_.bias) add_bias_forward(acts.h_M2F, b13_E2F.select(e), Tensor());
+  if (adapts(ExpertLinear::gate)) {
+    adapter_->forward_rows(ExpertLinear::gate, e, acts.h_M2F, acts.lora_gate_MR, x_MD);
+  }
+  if (adapts(ExpertLinear::up)) {
+    adapter_->forward_rows(ExpertLinear::up, e, acts.h_M2F, acts.lora_up_MR, x_MD);
+  }
 }
 
 void GroupedExperts::act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const {
@@ -156,6 +173,9 @@ void GroupedExperts::w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& ac
   TIERMOE_ASSERT(w2_out.defined() && w2_out.size(0) == M && w2_out.size(1) == D);
   mm_forward(cfg_.kernels, w2_out, w2_in, w2_EDF.select(e));
   if (cfg_.bias) add_bias_forward(w2_out, b2_ED.select(e), score_M);
+  if (adapts(ExpertLinear::down)) {
+    adapter_->forward_rows(ExpertLinear::down, e, w2_out, acts.lora_down_MR, w2_in);
+  }
   if (cfg_.post_norm) {
     rmsnorm_rows_forward(y_MD, acts.rstd_M, w2_out, norm_ED.select(e), cfg_.norm_eps);
   }
@@ -174,6 +194,14 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
   TIERMOE_CHECK(!(weight_grads || absorbed) || acts.a_MF.defined(),
                 "this backward needs the activation a_NF, which forward did not keep", name_,
                 "keep a_NF (or rebuild it by replay) for weight grads or absorbed scores");
+  const bool lora_w13 = acts.lora_gate_MR.defined() || acts.lora_up_MR.defined();
+  const bool lora_down = acts.lora_down_MR.defined();
+  TIERMOE_CHECK(!lora_w13 || acts.x_MD.defined(),
+                "the gate/up adapters' backward needs the expert inputs x_ND", name_,
+                "keep x_ND (or rebuild it by replay) when the experts carry gate/up adapters");
+  TIERMOE_CHECK(!lora_down || acts.a_MF.defined(),
+                "the down adapter's backward needs the activation a_NF", name_,
+                "keep a_NF (or rebuild it by replay) when the experts carry a down adapter");
   // Parameter grads of a [D] row go to scratch when only dx is wanted (frozen experts).
   auto grad_or_scratch = [&](const Tensor& g_ED) {
     return weight_grads ? g_ED.select(e) : Tensor::zeros({D}, grad_dtype());
@@ -190,19 +218,20 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
     Tensor db2 = grad_or_scratch(db2_ED);
     add_bias_backward(db2, dscore_M, dy, b2_ED.select(e), score_M);
   }
+  // W2 saw the scaled activation; rebuild it from the unscaled one and the
+  // score with the forward's exact arithmetic instead of keeping it.
+  Tensor w2_in = acts.a_MF;
+  if (absorbed && (weight_grads || lora_down)) {
+    w2_in = Tensor::empty({M, F}, dtype_);
+    scale_rows_forward(w2_in, acts.a_MF, score_M);
+  }
   if (weight_grads) {
-    // W2 saw the scaled activation; rebuild it from the unscaled one and the
-    // score with the forward's exact arithmetic instead of keeping it.
-    Tensor w2_in = acts.a_MF;
-    if (absorbed) {
-      w2_in = Tensor::empty({M, F}, dtype_);
-      scale_rows_forward(w2_in, acts.a_MF, score_M);
-    }
     Tensor dw2 = dw2_EDF.select(e);
     mm_backward_dw_acc(cfg_.kernels, dw2, dy, w2_in);
   }
   Tensor da = Tensor::empty({M, F}, dtype_);
   mm_backward_dx(cfg_.kernels, da, dy, w2_EDF.select(e));
+  if (lora_down) adapter_->backward_rows(ExpertLinear::down, e, da, dy, w2_in, acts.lora_down_MR);
   if (absorbed) scale_rows_backward(da, dscore_M, da, acts.a_MF, score_M, /*accumulate=*/true);
 
   Tensor dh = Tensor::empty({M, 2 * F}, dtype_);
@@ -222,6 +251,12 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
     mm_backward_dw_acc(cfg_.kernels, dw13, dh, acts.x_MD);
   }
   mm_backward_dx(cfg_.kernels, dx_MD, dh, w13_EFD.select(e));
+  if (acts.lora_gate_MR.defined()) {
+    adapter_->backward_rows(ExpertLinear::gate, e, dx_MD, dh, acts.x_MD, acts.lora_gate_MR);
+  }
+  if (acts.lora_up_MR.defined()) {
+    adapter_->backward_rows(ExpertLinear::up, e, dx_MD, dh, acts.x_MD, acts.lora_up_MR);
+  }
 }
 
 }  // namespace tiermoe

@@ -38,7 +38,7 @@ MoeRegion region_of(const SavedTensors& record, const MoeSaved& saved, const std
   if (&record == &saved.shared) return MoeRegion::shared;
   if (&record == &saved.routed) {
     if (name == "x_ND") return MoeRegion::dispatch;
-    if (name == "h_N2F") return MoeRegion::w13;
+    if (name == "h_N2F" || name == "lora_gate_NR" || name == "lora_up_NR") return MoeRegion::w13;
     if (name == "a_NF") return MoeRegion::act;
     return MoeRegion::w2;  // ypre_ND, rstd_N
   }
@@ -94,6 +94,7 @@ void MoeSaved::clear() {
   routing = Routing();
   plan = DispatchPlan();
   remat = MoeRematPlan();
+  absorbed = weight_grads = adapter_grads = false;
 }
 
 MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatcher,
@@ -129,19 +130,27 @@ MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatc
   }
 }
 
+void MoeLayer::set_options(AbsorbScores absorb, const MoeRegionKeep& keep) {
+  absorbed_ = resolve_absorb_scores(absorb, experts_->has_output_postprocess(), cfg_.name);
+  cfg_.absorb_scores = absorb;
+  cfg_.keep = keep;
+}
+
 MemoryTracker& MoeLayer::tracker() const {
   return cfg_.tracker ? *cfg_.tracker : MemoryTracker::process();
 }
 
-Tensor MoeLayer::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads) {
+Tensor MoeLayer::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads,
+                         bool adapter_grads) {
   TIERMOE_CHECK(router_ != nullptr, "this layer has no router", cfg_.name,
                 "pass the routing to forward(x_TD, routing, saved)");
   Routing routing = router_->forward(x_TD);
   counters_.count_run(MoeRegion::router);
-  return forward(x_TD, std::move(routing), saved, weight_grads);
+  return forward(x_TD, std::move(routing), saved, weight_grads, adapter_grads);
 }
 
-Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads) {
+Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads,
+                         bool adapter_grads) {
   const int64_t E = experts_->num_experts(), D = experts_->hidden();
   const DType dt = experts_->dtype();
   TIERMOE_CHECK(x_TD.defined() && x_TD.dim() == 2 && x_TD.size(1) == D,
@@ -161,8 +170,10 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   saved.shared = SavedTensors(cfg_.name + ".shared", mem);
   saved.absorbed = absorbed_;
   saved.weight_grads = weight_grads;
-  saved.remat =
-      MoeRematPlan::make(cfg_.keep, absorbed_, weight_grads, experts_->has_output_postprocess());
+  const ExpertAdapted adapted = adapter_grads ? experts_->adapted() : ExpertAdapted{};
+  saved.adapter_grads = adapted.any();
+  saved.remat = MoeRematPlan::make(cfg_.keep, absorbed_, weight_grads,
+                                   experts_->has_output_postprocess(), adapted);
   saved.plan = dispatcher_->plan(routing.ids_TK, routing.weights_TK, E);
   const DispatchPlan& plan = saved.plan;
 
@@ -212,7 +223,7 @@ void MoeLayer::replay_routed(SavedTensors& routed, const MoeSaved& saved) {
                          tracker());
     permute_forward(x_ND, saved.layer.get("x_TD"), plan);
     counters_.count_replay(MoeRegion::dispatch);
-    if (saved.weight_grads) routed.save("x_ND", x_ND);
+    if (saved.weight_grads || saved.adapter_grads) routed.save("x_ND", x_ND);
   }
   if (!rp.routed_replay.any()) return;
   experts_->replay(routed, x_ND, plan.offset_E, saved.absorbed ? plan.score_N : Tensor(),
@@ -236,6 +247,9 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   const DType dt = experts_->dtype();
   TIERMOE_CHECK(saved.layer.has("x_TD"), "backward without a forward", cfg_.name,
                 "run forward with this MoeSaved first");
+  TIERMOE_CHECK(saved.adapter_grads || !experts_->adapted().any(),
+                "backward after a forward that kept no LoRA adapter saves", cfg_.name,
+                "run forward with adapter_grads = true when a backward follows");
   check_shape(dout_TD, {T, D}, cfg_.name + ": dout_TD");
   check_dtype(dout_TD, dt, cfg_.name + ": dout_TD");
   check_shape(dx_TD, {T, D}, cfg_.name + ": dx_TD");
@@ -252,14 +266,15 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   replay_routed(routed, saved);
   Tensor dx_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   experts_->backward(dx_ND, dscore_N, dy_ND, plan.offset_E, saved.absorbed ? score_N : Tensor(),
-                     routed, saved.weight_grads);
+                     routed, saved.weight_grads, saved.adapter_grads);
   // dispatch
   permute_backward(dx_TD, dx_ND, plan, accumulate);
   if (shared_) {
     SavedTensors shared = saved.shared;
     replay_shared(shared, saved);
     Tensor dxs_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem), none;
-    shared_->backward(dxs_TD, none, dout_TD, {0, T}, Tensor(), shared, saved.weight_grads);
+    shared_->backward(dxs_TD, none, dout_TD, {0, T}, Tensor(), shared, saved.weight_grads,
+                      /*adapter_grads=*/false);
     visit_dtype(dt, [&]<class T_>() {
       T_* o = dx_TD.data<T_>();
       const T_* s = dxs_TD.data<T_>();

@@ -20,17 +20,18 @@ bool moe_region_replayable(MoeRegion r) {
 }
 
 MoeRematPlan MoeRematPlan::make(const MoeRegionKeep& keep, bool absorbed, bool weight_grads,
-                                bool post_norm) {
+                                bool post_norm, ExpertAdapted adapted) {
   // What the experts' own backward reads, then what each replay reads as its
   // input, walking up the chain dispatch -> w13 -> act -> w2: a region is
   // replayed when one of its outputs is read and it did not keep it.
-  const bool read_x = weight_grads;             // dW13
-  const bool read_h = true;                     // the activation backward
-  const bool read_a = weight_grads || absorbed; // dW2, d score
-  const bool read_w2 = post_norm;               // the postprocess backward
+  const bool read_x = weight_grads || adapted.w13;              // dW13, gate/up dA
+  const bool read_h = true;                                     // the activation backward
+  const bool read_a = weight_grads || absorbed || adapted.w2;   // dW2, d score, down dA
+  const bool read_w2 = post_norm;                               // the postprocess backward
+  const bool read_lora_w2 = adapted.w2;                         // down dB
 
   MoeRematPlan p;
-  p.routed_replay.w2 = read_w2 && !keep[MoeRegion::w2];
+  p.routed_replay.w2 = (read_w2 || read_lora_w2) && !keep[MoeRegion::w2];
   const bool need_a = read_a || p.routed_replay.w2;
   p.routed_replay.act = need_a && !keep[MoeRegion::act];
   const bool need_h = read_h || p.routed_replay.act;
@@ -42,11 +43,14 @@ MoeRematPlan MoeRematPlan::make(const MoeRegionKeep& keep, bool absorbed, bool w
   p.routed_keep.h = need_h && keep[MoeRegion::w13];
   p.routed_keep.a = need_a && keep[MoeRegion::act];
   p.routed_keep.w2 = read_w2 && keep[MoeRegion::w2];
+  p.routed_keep.lora_w13 = adapted.w13 && keep[MoeRegion::w13];
+  p.routed_keep.lora_w2 = read_lora_w2 && keep[MoeRegion::w2];
 
   // The shared experts are one region over the layer input x_TD, which the
   // router keeps anyway; their scores are never absorbed (and no postprocess).
   const bool shared_kept = keep[MoeRegion::shared];
-  p.shared_keep = ExpertSaves{weight_grads, shared_kept, shared_kept && weight_grads, false};
+  p.shared_keep =
+      ExpertSaves{weight_grads, shared_kept, shared_kept && weight_grads, false, false, false};
   p.shared_replay = ExpertStages{!shared_kept, !shared_kept && weight_grads, false};
   return p;
 }

@@ -46,7 +46,8 @@ TEST_P(ExpertsGrad, BackwardMatchesFiniteDifferences) {
   EXPECT_TRUE(saved.has("x_ND") && saved.has("h_N2F") && saved.has("a_NF"));
   ex.zero_grad();
   Tensor dx = Tensor::empty({N, D}, DType::f64), ds = Tensor::zeros({N}, DType::f64);
-  host.backward(dx, ds, P, plan.offset_E, score_N, saved, /*weight_grads=*/true);
+  host.backward(dx, ds, P, plan.offset_E, score_N, saved, /*weight_grads=*/true,
+                /*adapter_grads=*/false);
 
   EXPECT_TRUE(testing::fd_check(loss, x_ND, dx, "dx_ND"));
   for (const auto& name : ex.param_names()) {
@@ -62,7 +63,8 @@ TEST_P(ExpertsGrad, BackwardMatchesFiniteDifferences) {
   host.forward(y, x_ND, plan.offset_E, score_N, lean, ExpertSaves{.x = false});
   EXPECT_FALSE(lean.has("x_ND"));
   Tensor dx2 = Tensor::empty({N, D}, DType::f64), ds2 = Tensor::zeros({N}, DType::f64);
-  host.backward(dx2, ds2, P, plan.offset_E, score_N, lean, /*weight_grads=*/false);
+  host.backward(dx2, ds2, P, plan.offset_E, score_N, lean, /*weight_grads=*/false,
+                /*adapter_grads=*/false);
   EXPECT_TRUE(testing::bitwise_equal(dx2, dx, "dx (dx only)"));
   if (absorbed) {
     EXPECT_TRUE(testing::bitwise_equal(ds2, ds, "dscore (dx only)"));

@@ -45,8 +45,8 @@ class BrokenScores final : public ExpertExecutor {
     inner_->replay(saved, x, off, corrupt(s), stages);
   }
   void backward(Tensor& dx, Tensor& ds, const Tensor& dy, const std::vector<int64_t>& off,
-                const Tensor& s, const SavedTensors& saved, bool wg) override {
-    inner_->backward(dx, ds, dy, off, corrupt(s), saved, wg);
+                const Tensor& s, const SavedTensors& saved, bool wg, bool ag) override {
+    inner_->backward(dx, ds, dy, off, corrupt(s), saved, wg, ag);
   }
 
  private:

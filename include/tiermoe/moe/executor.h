@@ -27,6 +27,16 @@ struct ExpertSaves {
   bool h = true;  // h_N2F, W13 output (activation backward)
   bool a = true;  // a_NF, activation output, unscaled (dW2, absorbed d score)
   bool w2 = true; // ypre_ND and rstd_N (post_norm only: the postprocess backward)
+  // The adapter's intermediates (experts with a LoRA adapter only): W13's
+  // lora_gate_NR and lora_up_NR, W2's lora_down_NR.
+  bool lora_w13 = true, lora_w2 = true;
+};
+
+// Which of the experts' stages carry a LoRA adapter (ExpertAdapter) whose
+// backward needs saves: w13 (gate_proj / up_proj), w2 (down_proj).
+struct ExpertAdapted {
+  bool w13 = false, w2 = false;
+  bool any() const { return w13 || w2; }
 };
 
 // Which forward stages a replay re-runs, in order: W13 (x_ND -> h_N2F),
@@ -47,12 +57,15 @@ class ExpertExecutor {
   // True when an output postprocess (e.g. RMSNorm) owns the expert outputs:
   // router scores must then be applied after it, in combine.
   virtual bool has_output_postprocess() const = 0;
+  // The stages a LoRA adapter sits on (none by default).
+  virtual ExpertAdapted adapted() const { return {}; }
 
   // y_ND = experts(x_ND) over the row ranges of offset_E (E+1 entries). With
   // score_N defined (score dtype, one per row, 0 on padded rows) the score is
   // absorbed before W2. The activations named in `keep` go into `saved`
-  // (MemTag::saved) as "x_ND", "h_N2F", "a_NF" [, "ypre_ND", "rstd_N"]; the
-  // others live only while forward runs.
+  // (MemTag::saved) as "x_ND", "h_N2F", "a_NF" [, "ypre_ND", "rstd_N"] [, the
+  // adapter's "lora_gate_NR", "lora_up_NR", "lora_down_NR"]; the others live
+  // only while forward runs.
   virtual void forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
                        const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) = 0;
   // Re-runs the forward `stages` over the same rows and adds what they rebuild
@@ -62,12 +75,14 @@ class ExpertExecutor {
   virtual void replay(SavedTensors& saved, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
                       const Tensor& score_N, const ExpertStages& stages) = 0;
   // Writes dx_ND, and dscore_N (score dtype) when score_N is defined. With
-  // weight_grads the experts' parameter grads accumulate (+=). `saved` must
-  // hold h_N2F, a_NF when weight_grads or score_N is defined, x_ND when
-  // weight_grads, and ypre_ND/rstd_N with a postprocess.
+  // weight_grads the experts' parameter grads accumulate (+=); with
+  // adapter_grads an adapter's backward runs (its grads accumulate, its input
+  // gradient joins dx). `saved` must hold h_N2F, a_NF when weight_grads,
+  // score_N or a down adapter, x_ND when weight_grads or a gate/up adapter,
+  // ypre_ND/rstd_N with a postprocess, and the adapter's intermediates.
   virtual void backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
                         const std::vector<int64_t>& offset_E, const Tensor& score_N,
-                        const SavedTensors& saved, bool weight_grads) = 0;
+                        const SavedTensors& saved, bool weight_grads, bool adapter_grads) = 0;
 };
 
 // Runs a GroupedExperts on the host, one GEMM per expert per step. Experts
@@ -82,6 +97,7 @@ class HostExperts final : public ExpertExecutor {
   int64_t hidden() const override { return experts_->config().hidden; }
   DType dtype() const override { return experts_->dtype(); }
   bool has_output_postprocess() const override { return experts_->has_output_postprocess(); }
+  ExpertAdapted adapted() const override;
   GroupedExperts& experts() { return *experts_; }
 
   void forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
@@ -90,7 +106,7 @@ class HostExperts final : public ExpertExecutor {
               const Tensor& score_N, const ExpertStages& stages) override;
   void backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
                 const std::vector<int64_t>& offset_E, const Tensor& score_N,
-                const SavedTensors& saved, bool weight_grads) override;
+                const SavedTensors& saved, bool weight_grads, bool adapter_grads) override;
 
  private:
   GroupedExperts* experts_;

@@ -47,6 +47,32 @@ struct ExpertsConfig {
   void validate(std::string_view where = "experts") const;
 };
 
+// The three linear maps of a gated expert, as Hugging Face names them
+// (gate_proj, up_proj: the w13 row halves; down_proj: w2).
+enum class ExpertLinear { gate, up, down };
+
+// A low-rank adapter (LoRA) on the experts' linear maps. The model module's
+// ExpertLora implements it; GroupedExperts only calls it, at fixed points:
+//   gate, up: on the W13 output columns [0, F) and [F, 2F), right after the
+//             W13 GEMM and bias, before the activation (input x_MD);
+//   down:     on the W2 output, right after the W2 GEMM and bias, before the
+//             postprocess (input: the W2 input a' = T(a * score) when absorbed).
+// forward_rows adds the branch into y_MY and writes u_MR (the adapter's
+// intermediate, [M, rank()] in dtype(), kept for backward); backward_rows
+// adds the branch's input gradient into dx_MI and accumulates the adapter's
+// own gradients. Calls for different experts may run concurrently.
+class ExpertAdapter {
+ public:
+  virtual ~ExpertAdapter() = default;
+  virtual bool adapts(ExpertLinear p) const = 0;
+  virtual int64_t rank() const = 0;
+  virtual DType dtype() const = 0;  // of u_MR
+  virtual void forward_rows(ExpertLinear p, int64_t e, Tensor& y_MY, Tensor& u_MR,
+                            const Tensor& x_MI) const = 0;
+  virtual void backward_rows(ExpertLinear p, int64_t e, Tensor& dx_MI, const Tensor& dy_MY,
+                             const Tensor& x_MI, const Tensor& u_MR) = 0;
+};
+
 // One expert's rows of the saved activations (row views of the N-row buffers).
 struct ExpertRowsActs {
   Tensor x_MD;     // input rows; undefined when no weight grads are wanted
@@ -54,6 +80,10 @@ struct ExpertRowsActs {
   Tensor a_MF;     // activation, NOT scaled by the score
   Tensor ypre_MD;  // W2 output before the postprocess (post_norm only)
   Tensor rstd_M;   // postprocess statistics, acc dtype (post_norm only)
+  // The adapter's intermediates [M, R] per adapted map (undefined otherwise,
+  // and in a backward that wants no adapter gradients). gate and up are W13
+  // products, down a W2 product.
+  Tensor lora_gate_MR, lora_up_MR, lora_down_MR;
 };
 
 class GroupedExperts {
@@ -79,6 +109,13 @@ class GroupedExperts {
   void zero_grad();
   bool has_grads() const { return dw13_EFD.defined(); }
   void allocate_grads();  // zeroed; no-op when they exist (not thread-safe: call before a parallel backward)
+  void free_grads();      // frozen for good: drop them
+
+  // A LoRA adapter on the experts (not owned; null removes it). Only the
+  // swiglu layout is supported (gate rows, then up rows).
+  void set_adapter(ExpertAdapter* adapter);
+  ExpertAdapter* adapter() const { return adapter_; }
+  bool adapts(ExpertLinear p) const { return adapter_ && adapter_->adapts(p); }
 
   // Expert e over M rows. acts.h_M2F and acts.a_MF (and ypre_MD, rstd_M with
   // post_norm) are outputs the caller allocated; acts.x_MD is only read by
@@ -87,16 +124,20 @@ class GroupedExperts {
                     const Tensor& score_M) const;
   // forward_rows's three stages, which it runs in this order; a remat replay
   // re-runs only those whose products backward lacks.
-  //   w13: h_M2F = x_MD . w13_e^T (+ b13_e)
+  //   w13: h_M2F = x_MD . w13_e^T (+ b13_e) [+ gate/up adapters; writes
+  //        acts.lora_gate_MR / lora_up_MR]
   //   act: a_MF = act(h_M2F)
-  //   w2:  y_MD = [postprocess](T(a_MF * score_M) . w2_e^T (+ score_M * b2_e)); reads
-  //        acts.a_MF, writes acts.ypre_MD and acts.rstd_M with post_norm
-  void w13_forward_rows(int64_t e, Tensor& h_M2F, const Tensor& x_MD) const;
+  //   w2:  y_MD = [postprocess](T(a_MF * score_M) . w2_e^T (+ score_M * b2_e) [+ down
+  //        adapter]); reads acts.a_MF, writes acts.ypre_MD and acts.rstd_M with
+  //        post_norm, acts.lora_down_MR with a down adapter
+  void w13_forward_rows(int64_t e, ExpertRowsActs& acts, const Tensor& x_MD) const;
   void act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const;
   void w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts, const Tensor& score_M) const;
   // dx_MD is written; dscore_M (absorbed only) is written; with weight_grads
   // the expert's parameter grads accumulate (+=) and acts.x_MD must be defined.
-  // acts.a_MF is read only with weight_grads or an absorbed score.
+  // acts.a_MF is read only with weight_grads, an absorbed score or a down
+  // adapter. The adapter's backward runs for each map whose intermediate
+  // acts carries (gate/up then also read acts.x_MD).
   void backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
                      const ExpertRowsActs& acts, const Tensor& score_M, bool weight_grads);
 
@@ -110,6 +151,7 @@ class GroupedExperts {
   Tensor b2_ED;    // (E, D) bias only
   Tensor norm_ED;  // (E, D) post_norm only
   Tensor dw13_EFD, dw2_EDF, db13_E2F, db2_ED, dnorm_ED;  // grad_dtype()
+  ExpertAdapter* adapter_ = nullptr;
 };
 
 }  // namespace tiermoe

@@ -64,6 +64,7 @@ struct MoeSaved {
   SavedTensors layer, routed, shared;
   bool absorbed = false;
   bool weight_grads = false;
+  bool adapter_grads = false;  // the experts carry an adapter and a backward wants its grads
   MoeRematPlan remat;
 
   // Every retained tensor once (a storage two records share is listed under
@@ -83,6 +84,10 @@ class MoeLayer {
 
   const MoeLayerConfig& config() const { return cfg_; }
   bool absorbs_scores() const { return absorbed_; }
+  // Changes the absorption mode and the remat decisions for the following
+  // forwards (a forward's MoeSaved records what it did, so a pending
+  // backward is unaffected).
+  void set_options(AbsorbScores absorb, const MoeRegionKeep& keep);
   // Region body runs since construction or the last reset (not thread-safe:
   // a layer runs one forward or backward at a time).
   const MoeRegionCounters& counters() const { return counters_; }
@@ -90,10 +95,14 @@ class MoeLayer {
 
   // out_TD = sum_k weights[t, k] * expert_{ids[t, k]}(x_TD[t]) (+ shared(x_TD[t])).
   // weight_grads = false keeps only what dx needs (frozen experts, LoRA).
+  // adapter_grads: a backward wants the gradients of the experts' LoRA
+  // adapter, if they carry one (its saves are kept; false: evaluation).
   // Counts one run of the router (first overload only), dispatch, w13, act,
   // w2, combine and shared bodies.
-  Tensor forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads = true);
-  Tensor forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads = true);
+  Tensor forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads = true,
+                 bool adapter_grads = true);
+  Tensor forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads = true,
+                 bool adapter_grads = true);
 
   // dx_TD is written (added to if accumulate). Expert, shared-expert and
   // router parameter grads accumulate (+=) when forward kept weight_grads

@@ -9,8 +9,11 @@
 //   moe.router     route: logits, top-k      x_TD, logits_TE, probs_TE, weights_TK (never replayed)
 //   moe.dispatch   plan + gather x_TD rows   x_ND          (dW13; the input of a w13 replay)
 //   moe.w13        h = x . W13^T             h_N2F         (activation backward)
-//   moe.act        a = act(h)                a_NF          (dW2; absorbed d score; a w2 replay)
+//                  [+ gate/up LoRA]          lora_gate_NR, lora_up_NR (the adapters' dB)
+//   moe.act        a = act(h)                a_NF          (dW2; absorbed d score; a w2 replay;
+//                                                           the down adapter's dA)
 //   moe.w2         y = T(a * s) . W2^T       ypre_ND, rstd_N (post_norm's backward only)
+//                  [+ down LoRA]             lora_down_NR  (the down adapter's dB)
 //   moe.combine    out = sum_k [w *] y       -- never replayed
 //   moe.shared     the shared experts' MLP   their h_N2F, a_NF (their x is the router's x_TD)
 //
@@ -23,8 +26,14 @@
 // to rebuild a post-expert norm's inputs (post_norm, never absorbed).
 //
 // A kept region keeps only outputs some backward (or some replay) reads:
-// x_ND only with weight grads or a w13 replay, a_NF only with weight grads,
-// absorbed scores or a w2 replay. The policy language (none, full, default,
+// x_ND only with weight grads, gate/up adapters or a w13 replay, a_NF only
+// with weight grads, absorbed scores, a down adapter or a w2 replay.
+//
+// LoRA on the experts: an adapter's intermediate u = x . A^T is a product of
+// the stage the adapter sits on, so it is kept or replayed with that region
+// (gate/up with w13, down with w2). A w2 replay for the down adapter re-runs
+// the whole W2 stage, base GEMM included, over the same rows (bitwise); only
+// policies that drop w2 pay for it. The policy language (none, full, default,
 // save:...) and the saved-tensors report live in remat/, above this module.
 #include <array>
 #include <cstdint>
@@ -69,8 +78,9 @@ struct MoeRematPlan {
   bool replay_dispatch = false;          // re-gather x_ND from x_TD
   ExpertStages routed_replay, shared_replay;
 
+  // adapted: the expert stages whose LoRA adapter wants gradients.
   static MoeRematPlan make(const MoeRegionKeep& keep, bool absorbed, bool weight_grads,
-                           bool post_norm);
+                           bool post_norm, ExpertAdapted adapted = {});
   bool replays(MoeRegion r) const;
 };
 
