@@ -59,6 +59,42 @@ std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
   return out;
 }
 
+void AttentionBlock::enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng) {
+  const char* names[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  const Linear* projs[4] = {&q_proj_, &k_proj_, &v_proj_, &o_proj_};
+  for (int i = 0; i < 4; ++i) {
+    lora_[i].reset();
+    const std::string path = prefix + names[i];
+    if (!lora_targets_module(config, path)) continue;
+    lora_[i] = std::make_unique<LoraAdapter>(projs[i]->in_features(), projs[i]->out_features(),
+                                             config, projs[i]->weight.value.dtype(), path);
+    lora_[i]->init(rng);
+  }
+}
+
+std::vector<LoraAdapter*> AttentionBlock::lora_adapters() {
+  std::vector<LoraAdapter*> out;
+  for (auto& a : lora_) {
+    if (a) out.push_back(a.get());
+  }
+  return out;
+}
+
+void AttentionBlock::lora_forward(int i, Tensor& y_MO, const Tensor& x_MI,
+                                  AttentionSaved& saved) const {
+  const LoraAdapter* a = lora_[size_t(i)].get();
+  if (!a) return;
+  Tensor& u = saved.u_TR[size_t(i)];
+  u = Tensor::empty({x_MI.size(0), a->rank()}, lora_master_dtype(a->compute_dtype()));
+  a->forward(y_MO, u, x_MI);
+}
+
+void AttentionBlock::lora_backward(int i, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
+                                   const AttentionSaved& saved) {
+  LoraAdapter* a = lora_[size_t(i)].get();
+  if (a) a->backward(dx_MI, dy_MO, x_MI, saved.u_TR[size_t(i)]);
+}
+
 namespace {
 
 // The rows the q/k norm runs over: one row per head (P values) or per token.
@@ -79,8 +115,11 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
   Tensor q = Tensor::empty({N, H_ * P_}, dt), k = Tensor::empty({N, Hkv_ * P_}, dt);
   Tensor v = Tensor::empty({N, Hkv_ * P_}, dt);
   q_proj_.forward(q, x_TD);
+  lora_forward(0, q, x_TD, saved);
   k_proj_.forward(k, x_TD);
+  lora_forward(1, k, x_TD, saved);
   v_proj_.forward(v, x_TD);
+  lora_forward(2, v, x_TD, saved);
   if (qk_norm_ != QkNorm::none) {
     saved.q_raw = q;
     saved.k_raw = k;
@@ -104,6 +143,7 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
   cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v);
   saved.o_TX = o.view({N, H_ * P_});
   o_proj_.forward(y_TD, saved.o_TX);
+  lora_forward(3, y_TD, saved.o_TX, saved);
 }
 
 void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTables& rope,
@@ -113,6 +153,7 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
 
   Tensor do_TX = Tensor::empty({N, H_ * P_}, dt);
   o_proj_.backward(do_TX, dy_TD, saved.o_TX);
+  lora_backward(3, do_TX, dy_TD, saved.o_TX, saved);
 
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
@@ -136,9 +177,13 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
     dq_TX = dq_raw;
     dk_TX = dk_raw;
   }
+  Tensor dv_TX = dv.view({N, Hkv_ * P_});
   q_proj_.backward(dx_TD, dq_TX, saved.x_TD, accumulate);
+  lora_backward(0, dx_TD, dq_TX, saved.x_TD, saved);
   k_proj_.backward(dx_TD, dk_TX, saved.x_TD, true);
-  v_proj_.backward(dx_TD, dv.view({N, Hkv_ * P_}), saved.x_TD, true);
+  lora_backward(1, dx_TD, dk_TX, saved.x_TD, saved);
+  v_proj_.backward(dx_TD, dv_TX, saved.x_TD, true);
+  lora_backward(2, dx_TD, dv_TX, saved.x_TD, saved);
 }
 
 }  // namespace tiermoe

@@ -1,6 +1,7 @@
 #include "tiermoe/model/causal_lm.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "param_slot.h"
 #include "tiermoe/kernels/cross_entropy.h"
@@ -9,6 +10,8 @@
 #include "tiermoe/kernels/rmsnorm.h"
 
 namespace tiermoe {
+
+using detail::str_of;
 
 void check_model_supported(const ModelConfig& c, const std::string& where) {
   c.validate(where);
@@ -135,6 +138,7 @@ void CausalLM::zero_grad() {
     } else {
       layer->moe()->zero_grad();
     }
+    for (LoraAdapter* a : layer->lora_adapters()) a->zero_grad();
   }
   norm_.zero_grad();
   lm_head_.zero_grad();
@@ -186,6 +190,7 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
 
   Tensor x_TD = Tensor::empty({N, D}, dtype_);
   cpu::embedding_forward(x_TD, embed_.value, ids_BT);
+  check_finite_activation(x_TD, "model.embed_tokens output");
   for (size_t l = 0; l < layers_.size(); ++l) {
     x_TD = layers_[l]->forward(x_TD, rope_, saved_[l], grad);
   }
@@ -215,6 +220,13 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   }
   loss_.aux_in_total = config_.output_router_logits && !rs.empty();
   loss_.total = loss_.ce + (loss_.aux_in_total ? config_.router_aux_loss_coef * loss_.aux : 0.0);
+  if (!std::isfinite(loss_.total)) {
+    const bool logits_bad = first_non_finite(logits_NV_) >= 0;
+    throw Error(str_of("the loss is ", loss_.total, " (cross-entropy ", loss_.ce, ", aux ",
+                       loss_.aux, logits_bad ? "); the logits (model.norm, lm_head) are non-finite"
+                                             : ")"),
+                "CausalLM::forward", kNonFiniteHint);
+  }
   has_grad_state_ = grad;
   return loss_.total;
 }

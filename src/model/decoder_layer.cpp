@@ -17,15 +17,33 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
                            const Dispatcher& dispatcher)
     : layer_(layer),
       prefix_("model.layers." + std::to_string(layer) + "."),
+      mlp_name_(c.is_moe_layer(layer) ? moe_block_name(c, prefix_) : prefix_ + "mlp"),
       eps_(c.rms_norm_eps),
       norm_in_(Weight::zeros({c.hidden_size}, compute)),
       norm_post_(Weight::zeros({c.hidden_size}, compute)),
       attn_(c, compute) {
   if (c.is_moe_layer(layer)) {
-    moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, moe_block_name(c, prefix_));
+    moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_);
   } else {
     mlp_ = std::make_unique<DenseMlp>(c.hidden_size, c.intermediate_size, compute);
   }
+}
+
+void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
+  attn_.enable_lora(config, prefix_ + "self_attn.", rng);
+  if (mlp_) {
+    mlp_->enable_lora(config, mlp_name_ + ".", rng);
+  } else {
+    moe_->enable_lora(config, rng);
+  }
+}
+
+std::vector<LoraAdapter*> DecoderLayer::lora_adapters() {
+  std::vector<LoraAdapter*> out = attn_.lora_adapters();
+  if (mlp_) {
+    for (LoraAdapter* a : mlp_->lora_adapters()) out.push_back(a);
+  }
+  return out;
 }
 
 Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved,
@@ -39,6 +57,9 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   Tensor h_TD = Tensor::empty({T, D}, dt);
   attn_.forward(h_TD, n_TD, rope, saved.attn);
   add_inplace(h_TD, x_TD);
+  // The guard runs on the residual stream: the input was finite, so a
+  // non-finite value here came from this half (before a router sees it).
+  check_finite_activation(h_TD, prefix_ + "self_attn output");
 
   saved.h_TD = h_TD;
   saved.rstd_post_T = Tensor::empty({T}, acc_dtype_for(dt));
@@ -52,6 +73,7 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
     mlp_->forward(out_TD, m_TD, saved.mlp);
   }
   add_inplace(out_TD, h_TD);
+  check_finite_activation(out_TD, mlp_name_ + " output");
   return out_TD;
 }
 

@@ -1,5 +1,7 @@
 #include "tiermoe/model/linear.h"
 
+#include <cmath>
+
 #include "tiermoe/kernels/matmul.h"
 
 namespace tiermoe {
@@ -81,6 +83,33 @@ void bias_backward(Tensor& db_O, const Tensor& dy_MO) {
       db[o] += s;
     }
   });
+}
+
+int64_t first_non_finite(const Tensor& t) {
+  int64_t found = -1;
+  visit_dtype(t.dtype(), [&]<class T>() {
+    const T* p = t.data<T>();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (!std::isfinite(double(load<T>(p[i])))) {
+        found = i;
+        return;
+      }
+    }
+  });
+  return found;
+}
+
+const char* const kNonFiniteHint =
+    "training diverged or the input is bad: lower the learning rate (or clip gradients), check "
+    "the data and the weights; in bf16 runs an overflow looks like this (try --dtype f32)";
+
+void check_finite_activation(const Tensor& x_TD, const std::string& tensor) {
+  const int64_t i = first_non_finite(x_TD);
+  if (i < 0) return;
+  const int64_t cols = x_TD.size(x_TD.dim() - 1);
+  throw Error(detail::str_of("non-finite value ", x_TD.get(i), " in ", tensor, " (row ", i / cols,
+                             ", column ", i % cols, ")"),
+              "CausalLM::forward", kNonFiniteHint);
 }
 
 }  // namespace tiermoe

@@ -31,6 +31,43 @@ MoeLayerConfig layer_config(const std::string& name) {
 
 }  // namespace
 
+// The experts' fused W13 output holds gate_proj's columns [0, F) and
+// up_proj's [F, 2F); down_proj adapts W2's whole output.
+class MoeBlock::LoraHook final : public ExpertAdapter {
+ public:
+  LoraHook(ExpertLora& lora, int64_t ffn, DType compute)
+      : lora_(&lora), ffn_(ffn), dtype_(lora_master_dtype(compute)) {}
+
+  bool adapts(ExpertLinear p) const override { return lora_->has(proj(p)); }
+  int64_t rank() const override { return lora_->rank(); }
+  DType dtype() const override { return dtype_; }
+  void forward_rows(ExpertLinear p, int64_t e, Tensor& y_MY, Tensor& u_MR,
+                    const Tensor& x_MI) const override {
+    lora_->forward_rows(proj(p), e, y_MY, u_MR, x_MI, columns(p));
+  }
+  void backward_rows(ExpertLinear p, int64_t e, Tensor& dx_MI, const Tensor& dy_MY,
+                     const Tensor& x_MI, const Tensor& u_MR) override {
+    lora_->backward_rows(proj(p), e, dx_MI, dy_MY, x_MI, u_MR, columns(p));
+  }
+
+ private:
+  static ExpertProj proj(ExpertLinear p) {
+    switch (p) {
+      case ExpertLinear::gate: return ExpertProj::gate;
+      case ExpertLinear::up: return ExpertProj::up;
+      case ExpertLinear::down: return ExpertProj::down;
+    }
+    __builtin_unreachable();
+  }
+  LoraColumns columns(ExpertLinear p) const {
+    return p == ExpertLinear::up ? LoraColumns{ffn_, 1} : LoraColumns{};
+  }
+
+  ExpertLora* lora_;
+  int64_t ffn_;
+  DType dtype_;
+};
+
 MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
                    std::string name)
     : router_(router_config(config), compute, name + ".gate"),
@@ -38,20 +75,38 @@ MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& d
       executor_(experts_),
       layer_(layer_config(name), &router_, dispatcher, executor_) {}
 
+MoeBlock::~MoeBlock() = default;
+
 void MoeBlock::set_experts_requires_grad(bool on) {
-  // Expert grads are allocated on first use; experts frozen before that
-  // never hold them (GroupedExperts cannot drop them once allocated: frozen
-  // experts then just stop accumulating, weight_grads = false).
+  // Expert grads are allocated on first use (backward, params()).
   experts_grad_ = on;
+  if (!on) experts_.free_grads();
+}
+
+void MoeBlock::set_moe_options(AbsorbScores absorb, const MoeRegionKeep& keep) {
+  layer_.set_options(absorb, keep);
+}
+
+void MoeBlock::enable_lora(const LoraConfig& config, Rng& rng) {
+  const ExpertsConfig& c = experts_.config();
+  auto lora = std::make_unique<ExpertLora>(c.num_experts, c.hidden, c.ffn, config,
+                                           experts_.dtype(), experts_.name());
+  if (lora->empty()) return;
+  lora->init(rng);
+  lora_ = std::move(lora);
+  hook_ = std::make_unique<LoraHook>(*lora_, c.ffn, experts_.dtype());
+  experts_.set_adapter(hook_.get());
 }
 
 void MoeBlock::zero_grad() {
   router_.zero_grad();
   if (experts_.has_grads()) experts_.zero_grad();
+  if (lora_) lora_->zero_grad();
 }
 
 Tensor MoeBlock::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads) {
-  return layer_.forward(x_TD, saved, weight_grads && experts_grad_);
+  return layer_.forward(x_TD, saved, weight_grads && experts_grad_,
+                        /*adapter_grads=*/weight_grads);
 }
 
 void MoeBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, MoeSaved& saved,

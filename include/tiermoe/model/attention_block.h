@@ -11,12 +11,18 @@
 //
 // Forward keeps what backward reads in an AttentionSaved; backward reads it
 // in reverse. Parameter grads accumulate (+=) unless frozen.
+//
+// LoRA (lora.h) on q/k/v/o_proj adds each branch right after its projection
+// (bias included), before the q/k norm, as PEFT wraps each nn.Linear.
+#include <array>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/model/linear.h"
+#include "tiermoe/model/lora.h"
 
 namespace tiermoe {
 
@@ -34,6 +40,7 @@ struct AttentionSaved {
   Tensor q, k, v;            // [B, T, H(kv), P] as attention read them (after norm, rope)
   Tensor lse_BTH;            // attention log-sum-exp
   Tensor o_TX;               // attention output [B*T, H*P] (o_proj's input)
+  std::array<Tensor, 4> u_TR;  // LoRA intermediates of q, k, v, o_proj (adapted ones only)
   void clear() { *this = AttentionSaved(); }
 };
 
@@ -51,12 +58,23 @@ class AttentionBlock {
   // (HF suffix "q_proj.weight", ...) -> Weight, in checkpoint order.
   std::vector<std::pair<std::string, Weight*>> weights();
 
+  // Adapters for the projections `config` targets; `prefix` is the module
+  // path ("model.layers.0.self_attn."). A drawn from `rng` in q, k, v, o order.
+  void enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng);
+  std::vector<LoraAdapter*> lora_adapters();  // q, k, v, o (the adapted ones)
+
  private:
+  // y_MO += the LoRA branch of projection i (0..3: q, k, v, o), if adapted.
+  void lora_forward(int i, Tensor& y_MO, const Tensor& x_MI, AttentionSaved& saved) const;
+  void lora_backward(int i, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
+                     const AttentionSaved& saved);
+
   QkNorm qk_norm_;
   int64_t H_, Hkv_, P_;
   double eps_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_;
   Weight q_norm_, k_norm_;  // (P) per head, (H*P) / (Hkv*P) whole; undefined for none
+  std::array<std::unique_ptr<LoraAdapter>, 4> lora_;  // q, k, v, o; null when not adapted
 };
 
 }  // namespace tiermoe

@@ -22,6 +22,12 @@
 // stacked weights the kernels use. Tensors that share one stacked weight (a
 // dense MLP's gate_proj and up_proj; all experts of a layer) are frozen or
 // trained together: set_requires_grad on one of them sets the whole group.
+//
+// Non-finite guard: forward checks the embedding output, each decoder
+// layer's attention and MLP outputs (DecoderLayer; one pass each) and the
+// loss, and throws an Error at the first NaN/Inf naming it ("model.layers.3.mlp
+// output") with a hint. Gradients are the trainer's to check
+// (train/grad_clip.h).
 #include <memory>
 #include <optional>
 #include <span>
@@ -32,7 +38,9 @@
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/moe/aux_loss.h"
 #include "tiermoe/model/decoder_layer.h"
+#include "tiermoe/model/lora.h"
 #include "tiermoe/model/weight.h"
+#include "tiermoe/remat/policy.h"
 
 namespace tiermoe {
 
@@ -86,10 +94,50 @@ class CausalLM {
   int64_t num_layers() const { return int64_t(layers_.size()); }
   DecoderLayer& layer(int64_t i) { return *layers_[size_t(i)]; }
 
+  // ---- remat and score absorption
+  // Applies the policy's MoE view (RematPolicy::moe_keep) and the absorption
+  // mode to every MoE block, for the following forwards. Loss and gradients
+  // are bitwise the same under every policy; absorbed and post-combine agree
+  // to rounding. The policy's model-level kinds (attention, norm, mlp) are
+  // not implemented: the model keeps those activations under every policy.
+  void set_moe_options(const RematPolicy& remat, AbsorbScores absorb);
+  const RematPolicy& remat_policy() const { return remat_; }
+  AbsorbScores absorb_scores() const { return absorb_; }
+
+  // ---- LoRA (lora.h)
+  // Freezes every base parameter (no base grads are held; experts run a
+  // dx-only backward unless adapted) and attaches adapters to the targeted
+  // modules: attention q/k/v/o_proj, dense-MLP gate/up/down_proj, and per
+  // expert gate/up/down_proj when named; never the router. A ~ U(+-1/sqrt(in))
+  // drawn from Rng(seed) in module order (layers in order; in a layer q, k,
+  // v, o, then gate, up, down, per expert for MoE layers), B = 0. Once only;
+  // Mixtral experts (w1/w2/w3) cannot be targeted; a config matching no
+  // module is an Error.
+  void enable_lora(const LoraConfig& cfg, uint64_t seed);
+  bool has_lora() const { return lora_.has_value(); }
+  const LoraConfig& lora_config() const;  // Error when LoRA is not enabled
+  // The adapter parameters: name is the PEFT key without "base_model.model."
+  // ("model.layers.0.self_attn.q_proj.lora_A.weight"), role the adapted
+  // module's, value the master (f32; f64 in f64 runs), grad the same dtype,
+  // requires_grad true. Module order as above; lora_A before lora_B.
+  std::vector<ModelParam> lora_params();
+  // PEFT adapter export: adapter_config.json and adapter_model.safetensors
+  // with keys base_model.model.<module>.lora_A/B.weight, tensors in `storage`.
+  void save_lora_adapter(const std::string& dir, DType storage = DType::f32,
+                         const std::string& base_model_name_or_path = "") const;
+  // --lora-init DIR: enables LoRA from the adapter's own config when not
+  // enabled yet (or checks that it matches the enabled one: rank, alpha,
+  // rslora, targets), then loads every A and B. Every adapter module must
+  // exist in the model and every model adapter must be in the file, with
+  // matching shapes (Errors name the key). Nothing is copied unless all match.
+  void load_lora_adapter(const std::string& dir);
+
  private:
   struct Slot;  // one HF tensor: its views and its group's requires_grad switch
   std::vector<Slot> slots(bool with_grads);
   std::vector<const Routing*> routings() const;
+  struct LoraModule;  // one adapted module (an expert's projection is one)
+  std::vector<LoraModule> lora_modules() const;
 
   ModelConfig config_;
   DType dtype_;
@@ -98,6 +146,9 @@ class CausalLM {
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   Weight norm_;     // (D)
   Weight lm_head_;  // (V, D); undefined value when tied
+  RematPolicy remat_;
+  AbsorbScores absorb_ = AbsorbScores::automatic;
+  std::optional<LoraConfig> lora_;
 
   // The last forward, kept for backward.
   int64_t B_ = 0, T_ = 0;

@@ -31,8 +31,17 @@ class DecoderLayer {
   bool is_moe() const { return moe_ != nullptr; }
   // "model.layers.{i}."
   const std::string& prefix() const { return prefix_; }
+  // The MLP's module path: "model.layers.{i}.mlp" (Mixtral's MoE: "...block_sparse_moe").
+  const std::string& mlp_name() const { return mlp_name_; }
+
+  // LoRA on the attention projections, then the dense MLP's or the experts'
+  // (CausalLM::enable_lora), A drawn from `rng` in that order.
+  void enable_lora(const LoraConfig& config, Rng& rng);
+  std::vector<LoraAdapter*> lora_adapters();  // attention's, then the dense MLP's
 
   // weight_grads = false: no backward with weight gradients follows (evaluation).
+  // A NaN/Inf after the attention or the MLP half is an Error naming it
+  // ("model.layers.3.self_attn output"; check_finite_activation).
   Tensor forward(const Tensor& x_TD, const RopeTables& rope, DecoderLayerSaved& saved,
                  bool weight_grads = true);
   // dx_TD is written. dlogits_extra_TE: the aux loss's gradient on this
@@ -48,7 +57,7 @@ class DecoderLayer {
 
  private:
   int64_t layer_;
-  std::string prefix_;
+  std::string prefix_, mlp_name_;
   double eps_;
   Weight norm_in_, norm_post_;  // (D)
   AttentionBlock attn_;

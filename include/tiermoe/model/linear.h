@@ -1,6 +1,8 @@
 #pragma once
 // nn.Linear over a block of rows, y = x W^T (+ b), on the cpu:: matmul
 // kernels, forward and backward side by side. Weights are [out, in].
+#include <string>
+
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/model/weight.h"
 
@@ -28,5 +30,12 @@ void add_inplace(Tensor& y, const Tensor& x);       // y += x
 void add_rows_bias(Tensor& y_MO, const Tensor& b_O);  // y[m] += b
 // db_O += sum over rows of dy_MO (in the grad dtype, rows in order).
 void bias_backward(Tensor& db_O, const Tensor& dy_MO);
+
+// The non-finite guard: the flat index of the first NaN or Inf, or -1; and
+// a check of an activation [rows, cols] that throws an Error naming
+// `tensor` ("model.layers.3.mlp output"), the row and column, with a hint.
+int64_t first_non_finite(const Tensor& t);
+extern const char* const kNonFiniteHint;
+void check_finite_activation(const Tensor& x_TD, const std::string& tensor);
 
 }  // namespace tiermoe

@@ -148,6 +148,16 @@ class LoraAdapter {
 // Per-expert LoRA on an MoE layer's experts (PEFT's per-expert "2D" layout:
 // `<prefix>.<e>.gate_proj`), for the projections the config targets among
 // gate_proj [F, D], up_proj [F, D] and down_proj [D, F].
+//
+// Interop notes (PEFT with transformers v5, whose Qwen3-MoE experts are fused
+// gate_up_proj / down_proj parameters that PEFT adapts through a conversion):
+//   - PEFT refuses an adapter targeting gate_proj without up_proj; TierMoE
+//     trains and exports it, but such a file loads only here.
+//   - With use_rslora and expert gate_proj/up_proj targets, PEFT's fused
+//     gate_up adapter is scaled as one module of rank 2r (alpha / sqrt(2r)),
+//     so it applies the gate/up branches sqrt(2) too weak. TierMoE keeps the
+//     per-module semantics (alpha / sqrt(r) each), which the exported
+//     per-expert keys state.
 enum class ExpertProj { gate, up, down };
 std::string_view expert_proj_name(ExpertProj p);  // "gate_proj", "up_proj", "down_proj"
 

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/model/lora.h"
 #include "tiermoe/moe/dispatch.h"
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/experts.h"
@@ -23,11 +24,13 @@ class MoeBlock {
   // `name` is the HF module path ("model.layers.3.mlp"), used in errors.
   MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
            std::string name);
+  ~MoeBlock();
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;
 
   // y_TD = moe(x_TD). With the experts frozen, or no backward to follow
-  // (weight_grads false), the forward keeps only what dx needs.
+  // (weight_grads false), the forward keeps only what dx needs (plus the
+  // experts' LoRA saves when they are adapted and a backward follows).
   Tensor forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads = true);
   // dx_TD (=, or += with accumulate); dlogits_extra_TE (the aux loss's
   // gradient on this layer's router logits) may be undefined. Router grads
@@ -37,11 +40,18 @@ class MoeBlock {
 
   Router& router() { return router_; }
   GroupedExperts& experts() { return experts_; }
+  MoeLayer& layer() { return layer_; }
+  void set_moe_options(AbsorbScores absorb, const MoeRegionKeep& keep);
+  // Per-expert LoRA on the projections `config` names among gate_proj,
+  // up_proj and down_proj (none named: nothing happens), initialised from
+  // `rng`; hooked into the experts (GroupedExperts::set_adapter).
+  void enable_lora(const LoraConfig& config, Rng& rng);
+  ExpertLora* lora() { return lora_.get(); }
   bool router_requires_grad() const { return router_grad_; }
   bool experts_requires_grad() const { return experts_grad_; }
   void set_router_requires_grad(bool on) { router_grad_ = on; }
   // Frozen experts: the MoE forward keeps only what dx needs and backward
-  // computes dx only.
+  // computes dx only; their gradients are dropped.
   void set_experts_requires_grad(bool on);
   void zero_grad();
 
@@ -52,6 +62,9 @@ class MoeBlock {
   MoeLayer layer_;
   bool router_grad_ = true;
   bool experts_grad_ = true;
+  class LoraHook;  // ExpertLora seen through moe's ExpertAdapter
+  std::unique_ptr<ExpertLora> lora_;
+  std::unique_ptr<LoraHook> hook_;
 };
 
 }  // namespace tiermoe

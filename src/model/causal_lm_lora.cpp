@@ -1,0 +1,163 @@
+// CausalLM: remat and absorption options for the MoE blocks, and LoRA over
+// the whole model (enable, parameters, PEFT export and import).
+#include <map>
+
+#include "tiermoe/model/causal_lm.h"
+
+namespace tiermoe {
+
+using detail::str_of;
+
+void CausalLM::set_moe_options(const RematPolicy& remat, AbsorbScores absorb) {
+  for (auto& layer : layers_) {
+    if (MoeBlock* moe = layer->moe()) moe->set_moe_options(absorb, remat.moe_keep());
+  }
+  remat_ = remat;
+  absorb_ = absorb;
+}
+
+// Views of one adapted module's A and B and their grads.
+struct CausalLM::LoraModule {
+  std::string path;  // HF module path, "model.layers.0.self_attn.q_proj"
+  HfRole role;
+  Tensor A_RI, B_OR, dA_RI, dB_OR;
+};
+
+std::vector<CausalLM::LoraModule> CausalLM::lora_modules() const {
+  std::vector<LoraModule> out;
+  for (const auto& layer : layers_) {
+    for (LoraAdapter* a : layer->lora_adapters()) {
+      HfRole role = a->name().find(".self_attn.") != std::string::npos ? HfRole::attention
+                                                                       : HfRole::dense_mlp;
+      out.push_back({a->name(), role, a->A_RI, a->B_OR, a->dA_RI, a->dB_OR});
+    }
+    MoeBlock* moe = layer->moe();
+    ExpertLora* ex = moe ? moe->lora() : nullptr;
+    if (!ex) continue;
+    for (int64_t e = 0; e < ex->num_experts(); ++e) {
+      for (ExpertProj p : ex->projections()) {
+        out.push_back({ex->module_path(p, e), HfRole::expert, ex->A(p).select(e),
+                       ex->B(p).select(e), ex->dA(p).select(e), ex->dB(p).select(e)});
+      }
+    }
+  }
+  return out;
+}
+
+void CausalLM::enable_lora(const LoraConfig& cfg, uint64_t seed) {
+  const std::string where = "CausalLM::enable_lora";
+  TIERMOE_CHECK(!lora_, "LoRA is already enabled", where,
+                "enable it once; load_lora_adapter fills an enabled model's adapters");
+  cfg.validate(where);
+  const bool expert_targets = cfg.targets.contains("gate_proj") ||
+                              cfg.targets.contains("up_proj") || cfg.targets.contains("down_proj");
+  TIERMOE_CHECK(!(expert_targets && config_.family == ModelFamily::mixtral),
+                "Mixtral's experts (w1, w2, w3) cannot be LoRA targets", where,
+                "target the attention projections (q_proj, k_proj, v_proj, o_proj)");
+  set_requires_grad_all(false);
+  Rng rng(seed);
+  for (auto& layer : layers_) layer->enable_lora(cfg, rng);
+  lora_ = cfg;
+  TIERMOE_CHECK(!lora_modules().empty(), "no module of this model matches the LoRA targets", where,
+                "the model's LoRA targets: q_proj, k_proj, v_proj, o_proj, gate_proj, "
+                "up_proj, down_proj");
+}
+
+const LoraConfig& CausalLM::lora_config() const {
+  TIERMOE_CHECK(lora_.has_value(), "LoRA is not enabled", "CausalLM::lora_config",
+                "call enable_lora (or load_lora_adapter) first");
+  return *lora_;
+}
+
+std::vector<ModelParam> CausalLM::lora_params() {
+  std::vector<ModelParam> out;
+  for (LoraModule& m : lora_modules()) {
+    out.push_back({m.path + ".lora_A.weight", m.role, m.A_RI, m.dA_RI, true});
+    out.push_back({m.path + ".lora_B.weight", m.role, m.B_OR, m.dB_OR, true});
+  }
+  return out;
+}
+
+void CausalLM::save_lora_adapter(const std::string& dir, DType storage,
+                                 const std::string& base_model_name_or_path) const {
+  const LoraConfig& cfg = lora_config();
+  PeftLoraModules modules;
+  for (const LoraModule& m : lora_modules()) modules[m.path] = {m.A_RI, m.B_OR};
+  save_peft_adapter(dir, to_peft_config(cfg, base_model_name_or_path), modules, storage);
+}
+
+namespace {
+
+// Checks that the enabled LoRA is the one the adapter was trained with.
+void check_same_lora(const LoraConfig& have, const LoraConfig& file, const std::string& where) {
+  auto targets_text = [](const std::set<std::string>& t) {
+    std::string s;
+    for (const std::string& n : t) s += (s.empty() ? "" : ",") + n;
+    return s;
+  };
+  const std::string hint =
+      "load the adapter into a model without LoRA enabled (it then takes "
+      "the adapter's config), or enable LoRA with the adapter's settings";
+  TIERMOE_CHECK(have.rank == file.rank,
+                str_of("adapter r ", file.rank, " differs from the enabled LoRA rank ", have.rank),
+                where, hint);
+  TIERMOE_CHECK(have.alpha == file.alpha,
+                str_of("adapter lora_alpha ", file.alpha, " differs from the enabled ", have.alpha),
+                where, hint);
+  TIERMOE_CHECK(
+      have.rslora == file.rslora,
+      str_of("adapter use_rslora ", file.rslora, " differs from the enabled ", have.rslora), where,
+      hint);
+  TIERMOE_CHECK(have.targets == file.targets,
+                "adapter target_modules " + targets_text(file.targets) +
+                    " differ from the enabled " + targets_text(have.targets),
+                where, hint);
+}
+
+}  // namespace
+
+void CausalLM::load_lora_adapter(const std::string& dir) {
+  PeftAdapter adapter = load_peft_adapter(dir);
+  const std::string config_file = dir + "/" + kPeftConfigFile;
+  const std::string weights_file = dir + "/" + kPeftWeightsFile;
+  LoraConfig file_cfg = from_peft_config(adapter.config, config_file);
+  if (lora_) {
+    check_same_lora(*lora_, file_cfg, config_file);
+  } else {
+    enable_lora(file_cfg, /*seed=*/0);  // every A is overwritten below
+  }
+
+  std::vector<LoraModule> modules = lora_modules();
+  std::map<std::string, const LoraModule*> by_path;
+  for (const LoraModule& m : modules) by_path[m.path] = &m;
+  const std::string hint =
+      "the adapter was trained for a model with other layers, experts or sizes; check "
+      "base_model_name_or_path in adapter_config.json against --model";
+  for (const auto& [path, w] : adapter.modules) {
+    TIERMOE_CHECK(
+        by_path.contains(path),
+        "adapter module '" + std::string(kPeftKeyPrefix) + path + "' names no module of this model",
+        weights_file, hint);
+    const LoraModule& m = *by_path.at(path);
+    for (auto [got, want, suffix] : {std::tuple{&w.A_RI, &m.A_RI, ".lora_A.weight"},
+                                     std::tuple{&w.B_OR, &m.B_OR, ".lora_B.weight"}}) {
+      TIERMOE_CHECK(got->shape() == want->shape(),
+                    str_of(kPeftKeyPrefix, path, suffix, " is ", got->str(), ", the model's is ",
+                           want->str()),
+                    weights_file, hint);
+    }
+  }
+  for (const LoraModule& m : modules) {
+    TIERMOE_CHECK(adapter.modules.contains(m.path),
+                  "the adapter lacks '" + std::string(kPeftKeyPrefix) + m.path +
+                      ".lora_A.weight' / '.lora_B.weight'",
+                  weights_file, "an adapter must hold every module its target_modules match");
+  }
+  for (LoraModule& m : modules) {
+    const PeftLoraWeights& w = adapter.modules.at(m.path);
+    m.A_RI.copy_from(w.A_RI);
+    m.B_OR.copy_from(w.B_OR);
+  }
+}
+
+}  // namespace tiermoe
