@@ -1,0 +1,145 @@
+// tiermoe eval: the loss of a checkpoint on the first B windows of a token
+// file, and optionally d(loss)/d(every parameter), as DESIGN.md's CLI
+// contract defines them. Outside tools compare TierMoE with other
+// implementations through this command, so its semantics are the contract's
+// and nothing more:
+//
+//   window i: inputs tokens [i*L, i*L+L), targets [i*L+1, i*L+L+1), i < B
+//   loss = mean cross-entropy over the B*L targets
+//        + router_aux_loss_coef * aux   iff config.json's output_router_logits
+//
+// Every check that can fail (paths, data length, token ids, the checkpoint)
+// runs before the gradients are written, and the gradient file is written
+// atomically, so a failed eval leaves nothing behind.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "tiermoe/io/model_config.h"
+#include "tiermoe/io/safetensors.h"
+#include "tiermoe/io/tokens.h"
+#include "tiermoe/model/causal_lm.h"
+#include "tiermoe/train/data.h"
+
+namespace tiermoe::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using detail::str_of;
+
+struct EvalOptions {
+  std::string model;
+  std::string data;
+  int64_t seq_len = 0;
+  int64_t batch = 0;
+  std::string dtype = "f64";
+  std::string save_grads;  // empty: no backward
+  bool json = false;
+};
+
+// Fails before any work when the gradient file could not be written at the end.
+void check_grads_path(const std::string& path) {
+  const fs::path p = fs::absolute(path);
+  TIERMOE_CHECK(!fs::is_directory(p), "--save-grads names a directory", path,
+                "give a file path, e.g. grads.safetensors");
+  TIERMOE_CHECK(fs::is_directory(p.parent_path()), "the directory of --save-grads does not exist",
+                p.parent_path().string(), "create it first, or choose another path");
+}
+
+std::string format_double(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// The gradients under their HF names, each rounded once from the f32/f64
+// accumulators to `dtype`.
+NamedTensors gradients(CausalLM& model, DType dtype) {
+  NamedTensors out;
+  for (ModelParam& p : model.params()) {
+    TIERMOE_ASSERT(p.grad.defined());
+    out.emplace_back(p.name, p.grad.to(dtype, MemTag::grads));
+  }
+  return out;
+}
+
+void run_eval(const EvalOptions& o) {
+  const auto start = std::chrono::steady_clock::now();
+  const DType dtype = parse_dtype(o.dtype, "--dtype");
+  TIERMOE_CHECK(o.batch >= 1 && o.seq_len >= 1,
+                str_of("--batch ", o.batch, " and --seq-len ", o.seq_len, " must both be >= 1"),
+                "tiermoe eval", "pass positive --batch and --seq-len");
+  TIERMOE_CHECK(fs::is_directory(o.model),
+                fs::exists(o.model) ? "--model is not a directory" : "--model does not exist",
+                o.model, "pass a checkpoint directory (config.json + model.safetensors or shards)");
+  if (!o.save_grads.empty()) check_grads_path(o.save_grads);
+
+  // Data problems are cheaper to find than checkpoint ones: config first, then
+  // tokens, then the weights.
+  const ModelConfig config = load_model_config(o.model);
+  const TokenWindows windows = TokenWindows::from_file(o.data);
+  validate_tokens(windows.tokens(), config.vocab_size, o.data);
+  const TokenBatch batch = windows.eval_batch(o.batch, o.seq_len);
+
+  CausalLM model = CausalLM::from_checkpoint(o.model, dtype);
+  std::cerr << "eval: " << o.model << " (" << config.model_type << ", " << config.num_hidden_layers
+            << " layers) in " << dtype_name(dtype) << " on " << o.batch << " x " << o.seq_len
+            << " tokens of " << o.data << "\n";
+
+  const bool grad = !o.save_grads.empty();
+  model.forward(batch.inputs_BL, batch.targets_BL, o.batch, o.seq_len, grad);
+  if (grad) {
+    model.backward();
+    NamedTensors grads = gradients(model, dtype);
+    save_safetensors(o.save_grads, grads);
+    std::cerr << "eval: wrote " << grads.size() << " gradients (" << safetensors_dtype_name(dtype)
+              << ") to " << o.save_grads << "\n";
+  }
+  const LossParts& loss = model.last_loss();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (o.json) {
+    nlohmann::json j = {{"loss", loss.total},     {"ce", loss.ce},
+                        {"aux", loss.aux},        {"aux_in_loss", loss.aux_in_total},
+                        {"tokens", loss.targets}, {"batch", o.batch},
+                        {"seq_len", o.seq_len},   {"dtype", std::string(dtype_name(dtype))},
+                        {"model", o.model},       {"data", o.data},
+                        {"seconds", seconds}};
+    if (grad) j["grads"] = o.save_grads;
+    std::cout << j.dump() << "\n";
+    return;
+  }
+  std::cout << "loss " << format_double(loss.total) << " (cross-entropy " << format_double(loss.ce)
+            << " over " << loss.targets << " targets";
+  if (loss.aux_in_total) {
+    std::cout << " + " << config.router_aux_loss_coef << " * aux " << format_double(loss.aux);
+  }
+  std::cout << ")\n";
+}
+
+}  // namespace
+
+void add_eval_command(CLI::App& app) {
+  auto o = std::make_shared<EvalOptions>();
+  CLI::App* cmd = app.add_subcommand(
+      "eval",
+      "Loss (and optionally every gradient) of a checkpoint on the first B windows of a "
+      "token file");
+  cmd->add_option("--model", o->model, "Checkpoint directory (Hugging Face layout)")->required();
+  cmd->add_option("--data", o->data, "Token file (.npy or llm.c .bin)")->required();
+  cmd->add_option("--seq-len", o->seq_len, "Window length L")->required();
+  cmd->add_option("--batch", o->batch, "Number of windows B (the first B)")->required();
+  cmd->add_option("--dtype", o->dtype, "Compute dtype, and the gradient file's: f64|f32|bf16")
+      ->capture_default_str();
+  cmd->add_option("--save-grads", o->save_grads,
+                  "Write d(loss)/d(parameter) under Hugging Face names to this .safetensors file");
+  cmd->add_flag("--json", o->json, "Print one JSON object on stdout");
+  cmd->callback([o] { run_eval(*o); });
+}
+
+}  // namespace tiermoe::cli
