@@ -1,14 +1,12 @@
 #include "tiermoe/core/tensor.h"
 
+#include "tiermoe/core/allocator.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <new>
 
 namespace tiermoe {
-
-namespace {
-constexpr size_t kAlign = 64;  // AMX tile loads lose up to ~40% at 16-byte alignment
-}
 
 struct Tensor::Storage {
   void* ptr = nullptr;
@@ -20,7 +18,7 @@ struct Tensor::Storage {
   ~Storage() {
     if (tracker) {
       tracker->on_free(tag, bytes);
-      std::free(ptr);
+      HostAllocator::process().deallocate(ptr, bytes);
     }
   }
 };
@@ -51,8 +49,7 @@ Tensor Tensor::empty(Shape shape, DType dtype, MemTag tag, MemoryTracker& tracke
   t.dtype_ = dtype;
   auto st = std::make_shared<Storage>();
   st->bytes = t.nbytes();
-  size_t padded = (st->bytes + kAlign - 1) / kAlign * kAlign;
-  st->ptr = std::aligned_alloc(kAlign, padded == 0 ? kAlign : padded);
+  st->ptr = HostAllocator::process().allocate(st->bytes);
   if (!st->ptr) {
     throw Error("out of host memory allocating " + std::to_string(st->bytes) + " bytes for " +
                     t.str(),
