@@ -18,6 +18,7 @@ int main(int argc, char** argv) {
   tiermoe::cli::add_init_command(app);
   tiermoe::cli::add_inspect_command(app);
   tiermoe::cli::add_bench_command(app);
+  tiermoe::cli::add_train_command(app);
   tiermoe::cli::add_eval_command(app);
 
   try {

@@ -1,0 +1,65 @@
+#pragma once
+// Everything that defines a training run, as `tiermoe train` takes it from
+// its flags and as trainer_state.json records it, and the setup it implies:
+// the model (a checkpoint, or a preset initialised at random from the seed),
+// the data (a token file, or the built-in Markov corpus), fine-tuning mode,
+// remat policy and score absorption.
+//
+// A resumed run rebuilds everything from the recorded config, so the same
+// seed, data and flags give the same bits.
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+
+#include "tiermoe/model/causal_lm.h"
+#include "tiermoe/model/lora.h"
+#include "tiermoe/train/data.h"
+#include "tiermoe/train/markov_corpus.h"
+#include "tiermoe/train/trainer.h"
+
+namespace tiermoe {
+
+struct TrainConfig {
+  // The model: a checkpoint directory, or (when empty) `preset` at random.
+  std::string model_dir;
+  std::string preset = "tiny";
+  std::optional<int64_t> layers;  // overrides the preset's layer count
+  DType dtype = DType::f32;       // compute dtype
+  uint64_t seed = 0;              // random init, LoRA's A, the data's shuffle and corpus sample
+
+  // The data: a token file (.npy / llm.c .bin), or (when empty) the built-in corpus.
+  std::string data_file;
+  int64_t corpus_tokens = int64_t(1) << 20;  // tokens sampled from the Markov chain
+
+  // Fine-tuning: LoRA when set, full fine-tuning otherwise.
+  std::optional<LoraConfig> lora;
+  std::string lora_init;  // a PEFT adapter directory to start from
+
+  std::string remat = "none";   // RematPolicy text
+  std::string absorb = "auto";  // AbsorbScores text
+
+  TrainerOptions trainer;
+
+  // Checks every field that can be checked without reading files (the remat
+  // policy, absorb mode, LoRA config, trainer options); throws naming the flag.
+  void validate() const;
+
+  nlohmann::json to_json() const;
+  // `where` names the source in errors (a trainer_state.json path).
+  static TrainConfig from_json(const nlohmann::json& j, const std::string& where);
+};
+
+// The model a run starts from: the checkpoint or the randomly initialised
+// preset, with the remat policy and absorption applied, and LoRA attached
+// (fresh from the seed, or from lora_init). Full fine-tuning leaves every
+// parameter trainable.
+CausalLM build_model(const TrainConfig& config);
+
+// The training tokens, validated against the model's vocabulary. With the
+// built-in corpus, `corpus` is set to the chain (for its loss floor).
+TokenWindows build_data(const TrainConfig& config, int64_t vocab,
+                        std::unique_ptr<MarkovCorpus>* corpus = nullptr);
+
+}  // namespace tiermoe

@@ -1,0 +1,167 @@
+#include "tiermoe/train/trainer_session.h"
+
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "tiermoe/core/error.h"
+#include "tiermoe/train/checkpoint.h"
+#include "tiermoe/train/metrics.h"
+#include "tiermoe/train/progress.h"
+
+namespace tiermoe {
+
+namespace fs = std::filesystem;
+using detail::str_of;
+using nlohmann::json;
+
+json TrainSummary::to_json() const {
+  json j = {{"steps", steps},
+            {"losses", losses},
+            {"final_loss", final_loss},
+            {"tokens_per_s", tokens_per_s},
+            {"step_time_s", step_time_s},
+            {"seconds", seconds},
+            {"memory_peak_bytes", bytes_by_tag(memory_peak)}};
+  if (loss_floor) j["loss_floor"] = *loss_floor;
+  if (unigram_entropy) j["unigram_entropy"] = *unigram_entropy;
+  if (!last_checkpoint.empty()) j["checkpoint"] = last_checkpoint;
+  if (!final_export.empty()) j["export"] = final_export;
+  return j;
+}
+
+namespace {
+
+// The flags whose recorded values differ, for a resume that changed them.
+std::string config_differences(const TrainConfig& given, const TrainConfig& saved) {
+  const json a = given.to_json(), b = saved.to_json();
+  std::string diff;
+  for (const auto& [key, value] : b.items()) {
+    if (a.value(key, json()) != value) {
+      diff += str_of(diff.empty() ? "" : "; ", key, " ", a.value(key, json()).dump(),
+                     " (the checkpoint's: ", value.dump(), ")");
+    }
+  }
+  return diff;
+}
+
+int64_t count_trainable(const std::vector<Parameter>& params) {
+  int64_t n = 0;
+  for (const Parameter& p : params) n += p.numel();
+  return n;
+}
+
+}  // namespace
+
+TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
+  TrainConfig config = given;
+  config.trainer.data_seed = config.seed;
+  config.validate();
+  std::ostream* log = control.log;
+
+  // Everything that can be wrong is checked here, before the first step.
+  std::optional<TrainCheckpoint> ck;
+  if (!control.resume.empty()) {
+    ck = read_train_checkpoint(control.resume);
+    const std::string diff = config_differences(config, ck->config);
+    TIERMOE_CHECK(diff.empty(), "the run's flags differ from the checkpoint's: " + diff,
+                  control.resume, "resume with the flags the run started with (or drop them)");
+  } else if (!control.out_dir.empty()) {
+    TIERMOE_CHECK(!has_checkpoints(control.out_dir), "--out already holds checkpoints",
+                  control.out_dir, "pass --resume " + control.out_dir + " to continue that run, or choose another --out");
+  }
+  TIERMOE_CHECK(control.save_every >= 0, "--save-every must be >= 0", "--save-every", "0 saves only at the end");
+  TIERMOE_CHECK(control.stop_after >= 0, "--stop-after must be >= 0", "--stop-after", "0 runs every step");
+
+  CausalLM model = ck ? resume_model(*ck) : build_model(config);
+  std::unique_ptr<MarkovCorpus> corpus;
+  const TokenWindows data = build_data(config, model.config().vocab_size, &corpus);
+  Trainer trainer(model, data, config.trainer);
+  if (ck) trainer.restore(ck->state, ck->optimizer);
+
+  TrainSummary out;
+  if (corpus) {
+    out.loss_floor = corpus->loss_floor();
+    out.unigram_entropy = corpus->unigram_entropy();
+  }
+  if (log) {
+    const TrainerOptions& t = config.trainer;
+    *log << "train: " << (config.model_dir.empty() ? "preset " + config.preset + " (random init, seed " + std::to_string(config.seed) + ")" : config.model_dir)
+         << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning") << ", "
+         << count_trainable(trainer.parameters()) << " trainable parameters\n"
+         << "train: data " << data.source() << " (" << data.size() << " tokens)";
+    if (corpus) {
+      *log << str_of(", loss floor ", corpus->loss_floor(), " nats (entropy rate), unigram ",
+                     corpus->unigram_entropy());
+    }
+    *log << "\ntrain: " << t.steps << " steps of " << t.batch << " x " << t.seq_len << " tokens"
+         << (t.grad_accum > 1 ? str_of(" x ", t.grad_accum, " micro-batches") : std::string()) << ", " << optimizer_kind_name(t.optimizer) << " lr " << t.schedule.base_lr
+         << (ck ? str_of(", resumed at step ", trainer.steps_done(), " from ", ck->dir) : std::string())
+         << "\n";
+  }
+
+  std::optional<MetricsWriter> metrics;
+  if (!control.metrics_file.empty()) metrics.emplace(control.metrics_file, /*append=*/ck.has_value());
+  std::optional<ProgressPrinter> progress;
+  if (log) {
+    progress.emplace(*log, ProgressOptions{.total_steps = config.trainer.steps,
+                                           .tty = control.progress_tty,
+                                           .every = control.progress_every,
+                                           .loss_floor = out.loss_floor});
+  }
+
+  const int64_t last_step = control.stop_after > 0
+                                ? std::min(control.stop_after, config.trainer.steps)
+                                : config.trainer.steps;
+  std::vector<double> step_times;
+  int64_t tokens_run = 0;
+  const auto start = std::chrono::steady_clock::now();
+  int64_t saved_step = trainer.steps_done();
+  try {
+    while (trainer.steps_done() < last_step) {
+      const StepStats s = trainer.step();
+      step_times.push_back(s.seconds);
+      tokens_run += s.tokens;
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (metrics) metrics->write(s, memory_snapshot());
+      if (progress) progress->update(s, elapsed, int64_t(step_times.size()), tokens_run);
+      if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
+        out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
+        saved_step = s.step;
+      }
+    }
+  } catch (...) {
+    if (progress) progress->finish();
+    throw;
+  }
+  if (progress) progress->finish();
+  out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  if (!control.out_dir.empty()) {
+    if (saved_step != trainer.steps_done()) {
+      out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
+    }
+    if (trainer.finished()) {
+      out.final_export = (fs::path(control.out_dir) / (config.lora ? "adapter" : "final")).string();
+      export_final(out.final_export, model, config);
+    }
+  }
+
+  out.steps = trainer.steps_done();
+  out.losses = trainer.losses();
+  out.final_loss = out.losses.empty() ? 0.0 : out.losses.back();
+  out.tokens_per_s = out.seconds > 0 ? double(tokens_run) / out.seconds : 0.0;
+  out.step_time_s = median(step_times);
+  out.memory_peak = memory_snapshot().peak;
+  if (log) {
+    *log << "train: " << step_times.size() << " steps in " << format_duration(out.seconds) << " ("
+         << str_of(out.seconds) << " s), loss " << format_loss(out.final_loss, out.loss_floor) << ", "
+         << int64_t(out.tokens_per_s) << " tokens/s";
+    if (!out.last_checkpoint.empty()) *log << ", checkpoint " << out.last_checkpoint;
+    if (!out.final_export.empty()) *log << ", exported " << out.final_export;
+    *log << "\n";
+  }
+  return out;
+}
+
+}  // namespace tiermoe

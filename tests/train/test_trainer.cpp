@@ -1,0 +1,250 @@
+// Trainer: gradient accumulation equals one big batch, bitwise resume
+// (full fine-tuning in f32 and bf16), checkpoints complete and atomic, the
+// NaN guard leaves the last checkpoint intact, bad input before any step.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "common/testing.h"
+#include "tiermoe/core/error.h"
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/io/safetensors.h"
+#include "tiermoe/io/tokens.h"
+#include "tiermoe/train/checkpoint.h"
+#include "tiermoe/train/trainer_session.h"
+
+namespace tiermoe {
+namespace {
+
+namespace fs = std::filesystem;
+using ::tiermoe::testing::all_close;
+using ::tiermoe::testing::bitwise_equal;
+
+// The tiny preset cut to one layer, on a short built-in corpus sample: a
+// few milliseconds a step.
+TrainConfig small_run(DType dtype, int64_t steps) {
+  TrainConfig c;
+  c.preset = "tiny";
+  c.layers = 1;
+  c.dtype = dtype;
+  c.seed = 7;
+  c.corpus_tokens = 4096;
+  c.trainer.steps = steps;
+  c.trainer.batch = 2;
+  c.trainer.seq_len = 16;
+  c.trainer.schedule.base_lr = 3e-3;
+  c.trainer.schedule.warmup_steps = steps >= 4 ? 2 : 0;
+  c.trainer.schedule.min_lr_ratio = 0.1;
+  c.trainer.data_seed = c.seed;
+  return c;
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    set_num_threads(1);
+    dir_ = fs::temp_directory_path() /
+           ("tiermoe_test_trainer_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    fs::remove_all(dir_);
+    set_num_threads(0);
+  }
+  fs::path dir_;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), {}};
+}
+
+// Every file under `dir`, by relative path, with its bytes.
+std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    if (e.is_regular_file()) files[fs::relative(e.path(), dir).string()] = slurp(e.path());
+  }
+  return files;
+}
+
+void expect_same_tensors(const fs::path& a, const fs::path& b) {
+  const SafetensorsFile fa = SafetensorsFile::open(a.string());
+  const SafetensorsFile fb = SafetensorsFile::open(b.string());
+  ASSERT_EQ(fa.entries().size(), fb.entries().size()) << a << " vs " << b;
+  for (const SafetensorsEntry& e : fa.entries()) {
+    EXPECT_TRUE(bitwise_equal(fb.view(e.name), fa.view(e.name), e.name));
+  }
+}
+
+TEST_F(TrainerTest, AccumulatingTwoMicroBatchesEqualsOneBatchOfTwiceTheSize) {
+  TrainConfig c = small_run(DType::f64, 1);
+  c.trainer.shuffle = false;  // both walks take the same four windows in order
+  TrainConfig big = c;
+  c.trainer.batch = 2;
+  c.trainer.grad_accum = 2;
+  big.trainer.batch = 4;
+
+  CausalLM m_acc = build_model(c), m_big = build_model(big);
+  const TokenWindows data = build_data(c, m_acc.config().vocab_size);
+  Trainer acc(m_acc, data, c.trainer), one(m_big, data, big.trainer);
+  const StepStats s_acc = acc.accumulate_gradients();
+  const StepStats s_big = one.accumulate_gradients();
+  EXPECT_NEAR(s_acc.loss, s_big.loss, 1e-13 * std::abs(s_big.loss));
+  EXPECT_EQ(s_acc.tokens, s_big.tokens);
+  ASSERT_EQ(acc.parameters().size(), one.parameters().size());
+  for (size_t i = 0; i < acc.parameters().size(); ++i) {
+    const Parameter& p = acc.parameters()[i];
+    EXPECT_TRUE(all_close(p.grad, one.parameters()[i].grad, 1e-11, 1e-15, p.name));
+  }
+}
+
+// Run N steps in one go; run k steps, stop, resume to N: same losses, same
+// weights and optimizer state, bit for bit.
+void check_resume_is_bitwise(const fs::path& dir, DType dtype) {
+  const int64_t steps = 6;
+  const TrainConfig c = small_run(dtype, steps);
+
+  RunControl straight{.out_dir = (dir / "straight").string()};
+  const TrainSummary a = run_training(c, straight);
+
+  RunControl first{.out_dir = (dir / "split").string(), .save_every = 2, .stop_after = 3};
+  const TrainSummary b1 = run_training(c, first);
+  EXPECT_EQ(b1.steps, 3);
+  EXPECT_TRUE(fs::exists(dir / "split" / "checkpoint-2"));
+  EXPECT_TRUE(fs::exists(dir / "split" / "checkpoint-3"));
+  EXPECT_FALSE(fs::exists(dir / "split" / "final")) << "a stopped run exports nothing";
+
+  RunControl second{.out_dir = (dir / "split").string(),
+                    .resume = resolve_checkpoint((dir / "split").string())};
+  EXPECT_EQ(second.resume, (dir / "split" / "checkpoint-3").string());
+  const TrainSummary b2 = run_training(c, second);
+
+  ASSERT_EQ(a.losses.size(), size_t(steps));
+  ASSERT_EQ(b2.losses.size(), size_t(steps));
+  for (int64_t i = 0; i < steps; ++i) {
+    EXPECT_EQ(a.losses[i], b2.losses[i]) << "step " << i + 1;
+    if (i < 3) EXPECT_EQ(a.losses[i], b1.losses[i]) << "step " << i + 1;
+  }
+  expect_same_tensors(dir / "straight" / "final" / "model.safetensors",
+                      dir / "split" / "final" / "model.safetensors");
+  expect_same_tensors(dir / "straight" / "checkpoint-6" / kOptimizerStateFile,
+                      dir / "split" / "checkpoint-6" / kOptimizerStateFile);
+  // The losses fell: the run trained.
+  EXPECT_LT(a.losses.back(), a.losses.front());
+}
+
+TEST_F(TrainerTest, ResumeIsBitwiseF32) { check_resume_is_bitwise(dir_, DType::f32); }
+TEST_F(TrainerTest, ResumeIsBitwiseBf16) { check_resume_is_bitwise(dir_, DType::bf16); }
+
+TEST_F(TrainerTest, CheckpointIsCompleteAndLeavesNoTemporaryDirectory) {
+  const TrainConfig c = small_run(DType::bf16, 2);
+  run_training(c, {.out_dir = dir_.string(), .save_every = 1});
+  std::set<std::string> entries;
+  for (const auto& e : fs::directory_iterator(dir_)) entries.insert(e.path().filename().string());
+  EXPECT_EQ(entries, (std::set<std::string>{"checkpoint-1", "checkpoint-2", "final"}));
+  const fs::path ck = dir_ / "checkpoint-2";
+  for (const char* f : {"config.json", "model.safetensors", kOptimizerStateFile, kTrainerStateFile}) {
+    EXPECT_TRUE(fs::is_regular_file(ck / f)) << f;
+  }
+  // bf16 weights keep their fp32 masters in the optimizer state.
+  const SafetensorsFile opt = SafetensorsFile::open((ck / kOptimizerStateFile).string());
+  EXPECT_TRUE(opt.contains("model.norm.weight.master"));
+  EXPECT_TRUE(opt.contains("model.norm.weight.exp_avg"));
+  const TrainCheckpoint back = read_train_checkpoint(ck.string());
+  EXPECT_EQ(back.state.step, 2);
+  EXPECT_EQ(back.state.losses.size(), 2u);
+  EXPECT_EQ(back.config.to_json(), c.to_json());
+}
+
+TEST_F(TrainerTest, WriteDirAtomicallyLeavesTheOldDirectoryOnFailure) {
+  const fs::path target = dir_ / "checkpoint-1";
+  write_dir_atomically(target.string(), [](const std::string& tmp) {
+    std::ofstream(fs::path(tmp) / "a") << "old";
+  });
+  EXPECT_THROW(write_dir_atomically(target.string(),
+                                    [](const std::string& tmp) {
+                                      std::ofstream(fs::path(tmp) / "a") << "new";
+                                      throw Error("disk full");
+                                    }),
+               Error);
+  EXPECT_EQ(slurp(target / "a"), "old");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
+  write_dir_atomically(target.string(), [](const std::string& tmp) {
+    std::ofstream(fs::path(tmp) / "b") << "new";
+  });
+  EXPECT_FALSE(fs::exists(target / "a")) << "a replaced directory keeps none of the old files";
+  EXPECT_EQ(slurp(target / "b"), "new");
+}
+
+TEST_F(TrainerTest, NanWeightStopsTrainingNamingTheLayerAndKeepsTheLastCheckpoint) {
+  const TrainConfig c = small_run(DType::f32, 4);
+  CausalLM model = build_model(c);
+  const TokenWindows data = build_data(c, model.config().vocab_size);
+  Trainer trainer(model, data, c.trainer);
+  trainer.step();
+  const std::string ck = save_train_checkpoint(dir_.string(), model, trainer, c);
+  const auto before = snapshot(dir_);
+
+  for (ModelParam& p : model.params()) {
+    if (p.name == "model.layers.0.self_attn.o_proj.weight") p.value.set(3, std::nan(""));
+  }
+  try {
+    trainer.step();
+    FAIL() << "a NaN weight must stop training";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.layers.0"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(trainer.steps_done(), 1);
+  EXPECT_EQ(snapshot(dir_), before);
+}
+
+TEST_F(TrainerTest, BadInputFailsBeforeAnyStep) {
+  // A token outside the vocabulary, naming the file.
+  const fs::path bad = dir_ / "bad.npy";
+  std::vector<int32_t> tokens(100, 3);
+  tokens[42] = 256;
+  write_npy_tokens(bad.string(), tokens, TokenDType::i32);
+  TrainConfig c = small_run(DType::f32, 2);
+  c.data_file = bad.string();
+  EXPECT_THROW(run_training(c, {}), Error);
+
+  // Data shorter than one window.
+  const fs::path shortf = dir_ / "short.npy";
+  write_npy_tokens(shortf.string(), std::vector<int32_t>(16, 1), TokenDType::i32);
+  c.data_file = shortf.string();
+  try {
+    run_training(c, {});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("fewer than one window"), std::string::npos) << e.what();
+  }
+
+  // An unknown remat region.
+  TrainConfig r = small_run(DType::f32, 2);
+  r.remat = "save:w13,bogus";
+  EXPECT_THROW(run_training(r, {}), Error);
+
+  // --out holding checkpoints of another run, without --resume.
+  const TrainConfig ok = small_run(DType::f32, 1);
+  run_training(ok, {.out_dir = dir_.string()});
+  EXPECT_THROW(run_training(ok, {.out_dir = dir_.string()}), Error);
+
+  // Resuming with a different flag.
+  TrainConfig other = ok;
+  other.trainer.schedule.base_lr = 1e-2;
+  try {
+    run_training(other, {.resume = resolve_checkpoint(dir_.string())});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("lr"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tiermoe
