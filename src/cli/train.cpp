@@ -4,8 +4,8 @@
 // With no arguments it is the embedded demo: the tiny preset at random
 // (--seed) on the built-in Markov corpus, whose entropy rate is the loss
 // floor printed beside the loss. The defaults (AdamW lr 3e-3, 20 warmup
-// steps (a tenth of a shorter run), cosine to 10%, 300 steps of 16 x 64 tokens, f32) were chosen to get
-// close to that floor in about a minute on 2 cores.
+// steps (a tenth of a shorter run), cosine to 10%, 300 steps of 16 x 64 tokens, f32) were chosen to
+// get close to that floor in about a minute on 2 cores.
 //
 // --resume takes the run's flags from the checkpoint; a flag given again
 // must say the same thing (a different value is an Error naming it), except
@@ -186,7 +186,8 @@ void add_train_command(CLI::App& app) {
   t.schedule.min_lr_ratio = 0.1;
 
   CLI::App* cmd = app.add_subcommand(
-      "train", "Fine-tune a model (full or LoRA); with no arguments, the tiny demo on a built-in corpus");
+      "train",
+      "Fine-tune a model (full or LoRA); with no arguments, the tiny demo on a built-in corpus");
   cmd->add_option("--model", c.model_dir, "Hugging Face checkpoint directory to start from");
   cmd->add_option("--preset", c.preset, "Without --model: a preset initialised at random")
       ->capture_default_str();
@@ -241,8 +242,9 @@ void add_train_command(CLI::App& app) {
                   "Directory for checkpoint-<step>/ and the final export (final/ or adapter/)");
   cmd->add_option("--save-every", f->control.save_every, "Checkpoint every N steps (0: at the end)")
       ->capture_default_str();
-  cmd->add_option("--stop-after", f->control.stop_after,
-                  "Stop (with a checkpoint) once N steps are done; the schedule still spans --steps");
+  cmd->add_option(
+      "--stop-after", f->control.stop_after,
+      "Stop (with a checkpoint) once N steps are done; the schedule still spans --steps");
   cmd->add_option("--resume", f->resume,
                   "Continue bitwise from a checkpoint dir, or the latest one under an --out dir");
   cmd->add_option("--metrics", f->control.metrics_file, "JSONL file: one line of metrics per step");

@@ -69,8 +69,12 @@ json read_json(const fs::path& path) {
 }
 
 json sampler_json(const SamplerPosition& p) {
-  return {{"seed", p.seed},         {"epoch", p.epoch},     {"index", p.index},
-          {"seq_len", p.seq_len},   {"num_windows", p.num_windows}, {"shuffle", p.shuffle}};
+  return {{"seed", p.seed},
+          {"epoch", p.epoch},
+          {"index", p.index},
+          {"seq_len", p.seq_len},
+          {"num_windows", p.num_windows},
+          {"shuffle", p.shuffle}};
 }
 
 SamplerPosition sampler_from_json(const json& j) {
@@ -86,11 +90,6 @@ SamplerPosition sampler_from_json(const json& j) {
 
 std::string base_model_name(const TrainConfig& c) {
   return c.model_dir.empty() ? str_of("tiermoe preset ", c.preset, " seed ", c.seed) : c.model_dir;
-}
-
-void save_adapter(const CausalLM& model, const std::string& dir, DType storage,
-                  const std::string& base) {
-  throw Error("LoRA checkpoints are not available yet", dir, "use --full");
 }
 
 }  // namespace
@@ -156,7 +155,7 @@ std::string save_train_checkpoint(const std::string& out_dir, const CausalLM& mo
   };
   write_dir_atomically(dir, [&](const std::string& tmp) {
     if (config.lora) {
-      save_adapter(model, tmp, lora_master_dtype(model.dtype()), base_model_name(config));
+      model.save_lora_adapter(tmp, lora_master_dtype(model.dtype()), base_model_name(config));
       save_model_config(model.config(), (fs::path(tmp) / "config.json").string());
     } else {
       model.save_checkpoint(tmp, model.dtype());
@@ -211,7 +210,7 @@ CausalLM resume_model(const TrainCheckpoint& ck) {
 void export_final(const std::string& dir, const CausalLM& model, const TrainConfig& config) {
   write_dir_atomically(dir, [&](const std::string& tmp) {
     if (config.lora) {
-      save_adapter(model, tmp, DType::f32, base_model_name(config));
+      model.save_lora_adapter(tmp, DType::f32, base_model_name(config));
     } else {
       model.save_checkpoint(tmp, model.dtype());
     }

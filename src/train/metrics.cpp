@@ -25,16 +25,17 @@ json bytes_by_tag(const std::array<size_t, kNumMemTags>& bytes) {
 }
 
 json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
-  return {{"step", s.step},
-          {"loss", s.loss},
-          {"ce", s.ce},
-          {"aux_loss", s.aux},
-          {"lr", s.lr},
-          {"grad_norm", s.grad_norm},
-          {"tokens", s.tokens},
-          {"tokens_per_s", s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0},
-          {"step_time_s", s.seconds},
-          {"memory_bytes", {{"live", bytes_by_tag(memory.live)}, {"peak", bytes_by_tag(memory.peak)}}}};
+  return {
+      {"step", s.step},
+      {"loss", s.loss},
+      {"ce", s.ce},
+      {"aux_loss", s.aux},
+      {"lr", s.lr},
+      {"grad_norm", s.grad_norm},
+      {"tokens", s.tokens},
+      {"tokens_per_s", s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0},
+      {"step_time_s", s.seconds},
+      {"memory_bytes", {{"live", bytes_by_tag(memory.live)}, {"peak", bytes_by_tag(memory.peak)}}}};
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)

@@ -38,7 +38,8 @@ void ProgressPrinter::update(const StepStats& s, double elapsed_s, int64_t steps
   const bool last = s.step >= options_.total_steps;
   if (!options_.tty && !(s.step % options_.every == 0 || steps_run == 1 || last)) return;
   const double tokens_per_s = elapsed_s > 0 ? double(tokens_run) / elapsed_s : 0.0;
-  const double eta = steps_run > 0 ? elapsed_s / double(steps_run) * double(options_.total_steps - s.step) : 0.0;
+  const double eta =
+      steps_run > 0 ? elapsed_s / double(steps_run) * double(options_.total_steps - s.step) : 0.0;
   char line[256];
   std::snprintf(line, sizeof line, "step %lld/%lld  loss %s  lr %.2e  |g| %.3f  %.0f tok/s  ETA %s",
                 (long long)s.step, (long long)options_.total_steps,

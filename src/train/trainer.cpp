@@ -44,7 +44,7 @@ void TrainerOptions::validate() const {
 
 std::vector<Parameter> trainable_parameters(CausalLM& model) {
   std::vector<Parameter> out;
-  for (ModelParam& p : model.params()) {
+  for (ModelParam& p : model.has_lora() ? model.lora_params() : model.params()) {
     if (!p.requires_grad) continue;
     Parameter param = Parameter::wrap(p.name, p.value, p.grad);
     param.weight_decay = p.role != HfRole::norm && p.role != HfRole::bias;
@@ -128,14 +128,14 @@ StepStats Trainer::step() {
 TrainerState Trainer::state() const { return {step_, sampler_.position(), losses_}; }
 
 void Trainer::restore(const TrainerState& state, const OptimizerState& optimizer_state) {
-  TIERMOE_CHECK(state.step >= 0 && state.step <= options_.steps,
-                str_of("the checkpoint is at step ", state.step, ", outside this run's 0..",
-                       options_.steps),
-                "trainer_state.json", "resume with the --steps the run was started with");
-  TIERMOE_CHECK(int64_t(state.losses.size()) == state.step,
-                str_of("the checkpoint holds ", state.losses.size(), " losses for ", state.step,
-                       " steps"),
-                "trainer_state.json", "the checkpoint is corrupt");
+  TIERMOE_CHECK(
+      state.step >= 0 && state.step <= options_.steps,
+      str_of("the checkpoint is at step ", state.step, ", outside this run's 0..", options_.steps),
+      "trainer_state.json", "resume with the --steps the run was started with");
+  TIERMOE_CHECK(
+      int64_t(state.losses.size()) == state.step,
+      str_of("the checkpoint holds ", state.losses.size(), " losses for ", state.step, " steps"),
+      "trainer_state.json", "the checkpoint is corrupt");
   sampler_.set_position(state.data);
   optimizer_->load_state(optimizer_state);
   step_ = state.step;

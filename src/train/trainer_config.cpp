@@ -20,9 +20,10 @@ void TrainConfig::validate() const {
   if (lora) lora->validate("--lora-rank/--lora-alpha/--lora-targets");
   TIERMOE_CHECK(lora_init.empty() || lora, "--lora-init needs LoRA", "--lora-init",
                 "pass --lora-rank (or drop --lora-init)");
-  TIERMOE_CHECK(corpus_tokens > trainer.seq_len,
-                str_of("the built-in corpus of ", corpus_tokens, " tokens is shorter than one window"),
-                "--corpus-tokens", "pass more --corpus-tokens or a smaller --seq-len");
+  TIERMOE_CHECK(
+      corpus_tokens > trainer.seq_len,
+      str_of("the built-in corpus of ", corpus_tokens, " tokens is shorter than one window"),
+      "--corpus-tokens", "pass more --corpus-tokens or a smaller --seq-len");
 }
 
 json TrainConfig::to_json() const {
@@ -47,8 +48,8 @@ json TrainConfig::to_json() const {
       {"lr_schedule", t.schedule.kind == LrScheduleKind::cosine ? "cosine" : "constant"},
       {"warmup_steps", t.schedule.warmup_steps},
       {"min_lr_ratio", t.schedule.min_lr_ratio},
-      {"weight_decay", t.optimizer == OptimizerKind::adamw ? t.adamw.weight_decay
-                                                           : t.sgd.weight_decay},
+      {"weight_decay",
+       t.optimizer == OptimizerKind::adamw ? t.adamw.weight_decay : t.sgd.weight_decay},
       {"adam_beta1", t.adamw.beta1},
       {"adam_beta2", t.adamw.beta2},
       {"adam_eps", t.adamw.eps},
@@ -134,8 +135,14 @@ CausalLM random_model(const TrainConfig& c) {
 
 CausalLM build_model(const TrainConfig& c) {
   c.validate();
-  TIERMOE_CHECK(!c.lora, "LoRA is not available yet", "--lora-rank", "use --full");
-  CausalLM model = c.model_dir.empty() ? random_model(c) : CausalLM::from_checkpoint(c.model_dir, c.dtype);
+  CausalLM model =
+      c.model_dir.empty() ? random_model(c) : CausalLM::from_checkpoint(c.model_dir, c.dtype);
+  model.set_moe_options(RematPolicy::parse(c.remat, "--remat"),
+                        parse_absorb_scores(c.absorb, "--absorb-scores"));
+  if (c.lora) {
+    model.enable_lora(*c.lora, c.seed);
+    if (!c.lora_init.empty()) model.load_lora_adapter(c.lora_init);
+  }
   model.zero_grad();
   return model;
 }
@@ -145,16 +152,18 @@ TokenWindows build_data(const TrainConfig& c, int64_t vocab,
   if (!c.data_file.empty()) {
     TokenWindows data = TokenWindows::from_file(c.data_file);
     validate_tokens(data.tokens(), vocab, c.data_file);
-    TIERMOE_CHECK(data.num_windows(c.trainer.seq_len) >= 1,
-                  str_of("the data holds ", data.size(), " tokens, fewer than one window of --seq-len ",
-                         c.trainer.seq_len, " needs (", c.trainer.seq_len + 1, ")"),
-                  c.data_file, "use a smaller --seq-len or a longer data file");
+    TIERMOE_CHECK(
+        data.num_windows(c.trainer.seq_len) >= 1,
+        str_of("the data holds ", data.size(), " tokens, fewer than one window of --seq-len ",
+               c.trainer.seq_len, " needs (", c.trainer.seq_len + 1, ")"),
+        c.data_file, "use a smaller --seq-len or a longer data file");
     return data;
   }
   auto chain = std::make_unique<MarkovCorpus>(MarkovCorpusOptions{});
   TIERMOE_CHECK(chain->vocab() == vocab,
                 str_of("the built-in corpus has vocab ", chain->vocab(), ", the model ", vocab),
-                "built-in Markov corpus", "pass --data with tokens for this model, or use --preset tiny");
+                "built-in Markov corpus",
+                "pass --data with tokens for this model, or use --preset tiny");
   TokenWindows data(chain->generate(c.corpus_tokens, c.seed), "built-in Markov corpus");
   if (corpus) *corpus = std::move(chain);
   return data;

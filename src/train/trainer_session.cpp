@@ -67,11 +67,14 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     TIERMOE_CHECK(diff.empty(), "the run's flags differ from the checkpoint's: " + diff,
                   control.resume, "resume with the flags the run started with (or drop them)");
   } else if (!control.out_dir.empty()) {
-    TIERMOE_CHECK(!has_checkpoints(control.out_dir), "--out already holds checkpoints",
-                  control.out_dir, "pass --resume " + control.out_dir + " to continue that run, or choose another --out");
+    TIERMOE_CHECK(
+        !has_checkpoints(control.out_dir), "--out already holds checkpoints", control.out_dir,
+        "pass --resume " + control.out_dir + " to continue that run, or choose another --out");
   }
-  TIERMOE_CHECK(control.save_every >= 0, "--save-every must be >= 0", "--save-every", "0 saves only at the end");
-  TIERMOE_CHECK(control.stop_after >= 0, "--stop-after must be >= 0", "--stop-after", "0 runs every step");
+  TIERMOE_CHECK(control.save_every >= 0, "--save-every must be >= 0", "--save-every",
+                "0 saves only at the end");
+  TIERMOE_CHECK(control.stop_after >= 0, "--stop-after must be >= 0", "--stop-after",
+                "0 runs every step");
 
   CausalLM model = ck ? resume_model(*ck) : build_model(config);
   std::unique_ptr<MarkovCorpus> corpus;
@@ -86,22 +89,28 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   }
   if (log) {
     const TrainerOptions& t = config.trainer;
-    *log << "train: " << (config.model_dir.empty() ? "preset " + config.preset + " (random init, seed " + std::to_string(config.seed) + ")" : config.model_dir)
-         << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning") << ", "
-         << count_trainable(trainer.parameters()) << " trainable parameters\n"
+    *log << "train: "
+         << (config.model_dir.empty() ? "preset " + config.preset + " (random init, seed " +
+                                            std::to_string(config.seed) + ")"
+                                      : config.model_dir)
+         << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning")
+         << ", " << count_trainable(trainer.parameters()) << " trainable parameters\n"
          << "train: data " << data.source() << " (" << data.size() << " tokens)";
     if (corpus) {
       *log << str_of(", loss floor ", corpus->loss_floor(), " nats (entropy rate), unigram ",
                      corpus->unigram_entropy());
     }
     *log << "\ntrain: " << t.steps << " steps of " << t.batch << " x " << t.seq_len << " tokens"
-         << (t.grad_accum > 1 ? str_of(" x ", t.grad_accum, " micro-batches") : std::string()) << ", " << optimizer_kind_name(t.optimizer) << " lr " << t.schedule.base_lr
-         << (ck ? str_of(", resumed at step ", trainer.steps_done(), " from ", ck->dir) : std::string())
+         << (t.grad_accum > 1 ? str_of(" x ", t.grad_accum, " micro-batches") : std::string())
+         << ", " << optimizer_kind_name(t.optimizer) << " lr " << t.schedule.base_lr
+         << (ck ? str_of(", resumed at step ", trainer.steps_done(), " from ", ck->dir)
+                : std::string())
          << "\n";
   }
 
   std::optional<MetricsWriter> metrics;
-  if (!control.metrics_file.empty()) metrics.emplace(control.metrics_file, /*append=*/ck.has_value());
+  if (!control.metrics_file.empty())
+    metrics.emplace(control.metrics_file, /*append=*/ck.has_value());
   std::optional<ProgressPrinter> progress;
   if (log) {
     progress.emplace(*log, ProgressOptions{.total_steps = config.trainer.steps,
@@ -122,7 +131,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
       const StepStats s = trainer.step();
       step_times.push_back(s.seconds);
       tokens_run += s.tokens;
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      const double elapsed =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (metrics) metrics->write(s, memory_snapshot());
       if (progress) progress->update(s, elapsed, int64_t(step_times.size()), tokens_run);
       if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
@@ -155,8 +165,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   out.memory_peak = memory_snapshot().peak;
   if (log) {
     *log << "train: " << step_times.size() << " steps in " << format_duration(out.seconds) << " ("
-         << str_of(out.seconds) << " s), loss " << format_loss(out.final_loss, out.loss_floor) << ", "
-         << int64_t(out.tokens_per_s) << " tokens/s";
+         << str_of(out.seconds) << " s), loss " << format_loss(out.final_loss, out.loss_floor)
+         << ", " << int64_t(out.tokens_per_s) << " tokens/s";
     if (!out.last_checkpoint.empty()) *log << ", checkpoint " << out.last_checkpoint;
     if (!out.final_export.empty()) *log << ", exported " << out.final_export;
     *log << "\n";

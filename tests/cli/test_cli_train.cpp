@@ -18,9 +18,8 @@ using nlohmann::json;
 
 // A small, fast run: one layer of the tiny preset, 2 x 16 tokens a step.
 std::vector<std::string> quick(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train",        "--layers", "1",    "--batch",         "2",
-                                   "--seq-len",    "16",       "--threads", "1", "--corpus-tokens",
-                                   "4096"};
+  std::vector<std::string> args = {"train", "--layers",  "1", "--batch",         "2",   "--seq-len",
+                                   "16",    "--threads", "1", "--corpus-tokens", "4096"};
   args.insert(args.end(), extra.begin(), extra.end());
   return args;
 }
@@ -91,7 +90,8 @@ TEST_F(CliTrain, JsonSummaryAndMetricsLines) {
 TEST_F(CliTrain, ResumeThroughTheCliContinuesTheSameLosses) {
   RunResult a = run(quick({"--steps", "4", "--json", "--full"}));
   ASSERT_EQ(a.rc, 0) << a.err;
-  RunResult b1 = run(quick({"--steps", "4", "--stop-after", "2", "--full", "--out", path("o").string()}));
+  RunResult b1 =
+      run(quick({"--steps", "4", "--stop-after", "2", "--full", "--out", path("o").string()}));
   ASSERT_EQ(b1.rc, 0) << b1.err;
   RunResult b2 = run({"train", "--resume", path("o").string(), "--json"});
   ASSERT_EQ(b2.rc, 0) << b2.err;
@@ -101,6 +101,26 @@ TEST_F(CliTrain, ResumeThroughTheCliContinuesTheSameLosses) {
   RunResult changed = run({"train", "--resume", path("o").string(), "--lr", "0.5"});
   EXPECT_EQ(changed.rc, 1);
   EXPECT_TRUE(contains(changed.err, "differ from the checkpoint")) << changed.err;
+}
+
+TEST_F(CliTrain, LoraExportsAPeftAdapterAndResumes) {
+  RunResult a = run(quick({"--steps", "4", "--lora-rank", "4", "--lora-targets", "q_proj,down_proj",
+                           "--out", path("a").string(), "--json"}));
+  ASSERT_EQ(a.rc, 0) << a.err;
+  EXPECT_TRUE(fs::exists(path("a") / "adapter" / "adapter_config.json"));
+  EXPECT_TRUE(fs::exists(path("a") / "adapter" / "adapter_model.safetensors"));
+  EXPECT_FALSE(fs::exists(path("a") / "final"));
+  const json config = json::parse(slurp(path("a") / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(config.at("r"), 4);
+
+  RunResult b1 = run(quick({"--steps", "4", "--stop-after", "2", "--lora-rank", "4",
+                            "--lora-targets", "q_proj,down_proj", "--out", path("b").string()}));
+  ASSERT_EQ(b1.rc, 0) << b1.err;
+  RunResult b2 = run({"train", "--resume", path("b").string(), "--json"});
+  ASSERT_EQ(b2.rc, 0) << b2.err;
+  EXPECT_EQ(last_json_line(b2.out).at("losses"), last_json_line(a.out).at("losses"));
+  EXPECT_EQ(slurp(path("b") / "adapter" / "adapter_model.safetensors"),
+            slurp(path("a") / "adapter" / "adapter_model.safetensors"));
 }
 
 TEST_F(CliTrain, NanWeightStopsWithTheLayerNamedAndTheCheckpointIntact) {

@@ -106,9 +106,18 @@ TEST_F(TrainerTest, AccumulatingTwoMicroBatchesEqualsOneBatchOfTwiceTheSize) {
 
 // Run N steps in one go; run k steps, stop, resume to N: same losses, same
 // weights and optimizer state, bit for bit.
-void check_resume_is_bitwise(const fs::path& dir, DType dtype) {
+void check_resume_is_bitwise(const fs::path& dir, DType dtype, bool lora = false) {
   const int64_t steps = 6;
-  const TrainConfig c = small_run(dtype, steps);
+  TrainConfig c = small_run(dtype, steps);
+  if (lora) {
+    LoraConfig l;
+    l.rank = 4;
+    l.alpha = 8;
+    l.targets = {"q_proj", "v_proj", "gate_proj", "down_proj"};  // attention and every expert
+    c.lora = l;
+  }
+  const std::string weights = lora ? "adapter_model.safetensors" : "model.safetensors";
+  const std::string exported = lora ? "adapter" : "final";
 
   RunControl straight{.out_dir = (dir / "straight").string()};
   const TrainSummary a = run_training(c, straight);
@@ -118,7 +127,10 @@ void check_resume_is_bitwise(const fs::path& dir, DType dtype) {
   EXPECT_EQ(b1.steps, 3);
   EXPECT_TRUE(fs::exists(dir / "split" / "checkpoint-2"));
   EXPECT_TRUE(fs::exists(dir / "split" / "checkpoint-3"));
-  EXPECT_FALSE(fs::exists(dir / "split" / "final")) << "a stopped run exports nothing";
+  EXPECT_FALSE(fs::exists(dir / "split" / exported)) << "a stopped run exports nothing";
+  EXPECT_TRUE(fs::exists(dir / "split" / "checkpoint-3" / weights));
+  EXPECT_EQ(fs::exists(dir / "split" / "checkpoint-3" / "model.safetensors"), !lora)
+      << "a LoRA checkpoint holds the adapter only";
 
   RunControl second{.out_dir = (dir / "split").string(),
                     .resume = resolve_checkpoint((dir / "split").string())};
@@ -129,18 +141,61 @@ void check_resume_is_bitwise(const fs::path& dir, DType dtype) {
   ASSERT_EQ(b2.losses.size(), size_t(steps));
   for (int64_t i = 0; i < steps; ++i) {
     EXPECT_EQ(a.losses[i], b2.losses[i]) << "step " << i + 1;
-    if (i < 3) EXPECT_EQ(a.losses[i], b1.losses[i]) << "step " << i + 1;
+    if (i < 3) {
+      EXPECT_EQ(a.losses[i], b1.losses[i]) << "step " << i + 1;
+    }
   }
-  expect_same_tensors(dir / "straight" / "final" / "model.safetensors",
-                      dir / "split" / "final" / "model.safetensors");
+  expect_same_tensors(dir / "straight" / exported / weights, dir / "split" / exported / weights);
+  expect_same_tensors(dir / "straight" / "checkpoint-6" / weights,
+                      dir / "split" / "checkpoint-6" / weights);
   expect_same_tensors(dir / "straight" / "checkpoint-6" / kOptimizerStateFile,
                       dir / "split" / "checkpoint-6" / kOptimizerStateFile);
-  // The losses fell: the run trained.
-  EXPECT_LT(a.losses.back(), a.losses.front());
+  // The run trained: the loss fell (full), the zero-initialised B moved (LoRA).
+  if (!lora) {
+    EXPECT_LT(a.losses.back(), a.losses.front());
+  } else {
+    const SafetensorsFile f =
+        SafetensorsFile::open((dir / "straight" / exported / weights).string());
+    double sum = 0;
+    for (const SafetensorsEntry& e : f.entries()) {
+      if (e.name.find("lora_B") == std::string::npos) continue;
+      for (double v : f.view(e.name).to_vector()) sum += std::abs(v);
+    }
+    EXPECT_GT(sum, 0.0);
+  }
 }
 
 TEST_F(TrainerTest, ResumeIsBitwiseF32) { check_resume_is_bitwise(dir_, DType::f32); }
 TEST_F(TrainerTest, ResumeIsBitwiseBf16) { check_resume_is_bitwise(dir_, DType::bf16); }
+TEST_F(TrainerTest, ResumeIsBitwiseLoraF32) { check_resume_is_bitwise(dir_, DType::f32, true); }
+TEST_F(TrainerTest, ResumeIsBitwiseLoraBf16) { check_resume_is_bitwise(dir_, DType::bf16, true); }
+
+TEST_F(TrainerTest, LoraTrainsOnlyTheAdaptersWithDecayOnEvery) {
+  TrainConfig c = small_run(DType::bf16, 1);
+  c.lora = LoraConfig{};
+  CausalLM model = build_model(c);
+  const TokenWindows data = build_data(c, model.config().vocab_size);
+  Trainer trainer(model, data, c.trainer);
+  ASSERT_FALSE(trainer.parameters().empty());
+  for (const Parameter& p : trainer.parameters()) {
+    EXPECT_TRUE(p.name.find(".lora_A.") != std::string::npos ||
+                p.name.find(".lora_B.") != std::string::npos)
+        << p.name;
+    EXPECT_EQ(p.value.dtype(), DType::f32) << p.name << ": LoRA masters are fp32";
+    EXPECT_TRUE(p.weight_decay) << p.name;
+  }
+}
+
+TEST_F(TrainerTest, FullFineTuningExemptsNormsFromWeightDecay) {
+  CausalLM model = build_model(small_run(DType::f32, 1));
+  int64_t exempt = 0;
+  for (const Parameter& p : trainable_parameters(model)) {
+    const bool norm = p.name.find("norm") != std::string::npos;
+    EXPECT_EQ(p.weight_decay, !norm) << p.name;
+    exempt += !p.weight_decay;
+  }
+  EXPECT_GT(exempt, 0);
+}
 
 TEST_F(TrainerTest, CheckpointIsCompleteAndLeavesNoTemporaryDirectory) {
   const TrainConfig c = small_run(DType::bf16, 2);
@@ -149,7 +204,8 @@ TEST_F(TrainerTest, CheckpointIsCompleteAndLeavesNoTemporaryDirectory) {
   for (const auto& e : fs::directory_iterator(dir_)) entries.insert(e.path().filename().string());
   EXPECT_EQ(entries, (std::set<std::string>{"checkpoint-1", "checkpoint-2", "final"}));
   const fs::path ck = dir_ / "checkpoint-2";
-  for (const char* f : {"config.json", "model.safetensors", kOptimizerStateFile, kTrainerStateFile}) {
+  for (const char* f :
+       {"config.json", "model.safetensors", kOptimizerStateFile, kTrainerStateFile}) {
     EXPECT_TRUE(fs::is_regular_file(ck / f)) << f;
   }
   // bf16 weights keep their fp32 masters in the optimizer state.
@@ -164,9 +220,8 @@ TEST_F(TrainerTest, CheckpointIsCompleteAndLeavesNoTemporaryDirectory) {
 
 TEST_F(TrainerTest, WriteDirAtomicallyLeavesTheOldDirectoryOnFailure) {
   const fs::path target = dir_ / "checkpoint-1";
-  write_dir_atomically(target.string(), [](const std::string& tmp) {
-    std::ofstream(fs::path(tmp) / "a") << "old";
-  });
+  write_dir_atomically(target.string(),
+                       [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "a") << "old"; });
   EXPECT_THROW(write_dir_atomically(target.string(),
                                     [](const std::string& tmp) {
                                       std::ofstream(fs::path(tmp) / "a") << "new";
@@ -175,9 +230,8 @@ TEST_F(TrainerTest, WriteDirAtomicallyLeavesTheOldDirectoryOnFailure) {
                Error);
   EXPECT_EQ(slurp(target / "a"), "old");
   EXPECT_EQ(std::distance(fs::directory_iterator(dir_), fs::directory_iterator()), 1);
-  write_dir_atomically(target.string(), [](const std::string& tmp) {
-    std::ofstream(fs::path(tmp) / "b") << "new";
-  });
+  write_dir_atomically(target.string(),
+                       [](const std::string& tmp) { std::ofstream(fs::path(tmp) / "b") << "new"; });
   EXPECT_FALSE(fs::exists(target / "a")) << "a replaced directory keeps none of the old files";
   EXPECT_EQ(slurp(target / "b"), "new");
 }

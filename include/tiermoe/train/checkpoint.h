@@ -33,7 +33,8 @@ std::string checkpoint_dir_name(int64_t step);  // "checkpoint-<step>"
 // file in it, then renames it to `dir` (an existing `dir` is replaced) and
 // fsyncs the parent. On an exception the temporary directory is removed and
 // `dir` is untouched.
-void write_dir_atomically(const std::string& dir, const std::function<void(const std::string&)>& write);
+void write_dir_atomically(const std::string& dir,
+                          const std::function<void(const std::string&)>& write);
 
 // `path` itself when it holds trainer_state.json; otherwise the
 // checkpoint-<N> under it with the largest N. Error when there is none.

@@ -38,10 +38,10 @@ OptimizerKind parse_optimizer_kind(std::string_view s);  // "adamw" | "sgd"
 std::string_view optimizer_kind_name(OptimizerKind k);
 
 struct TrainerOptions {
-  int64_t steps = 1;       // optimizer steps of the whole run (the cosine schedule spans them)
-  int64_t batch = 8;       // sequences per micro-batch (B)
-  int64_t seq_len = 64;    // tokens per sequence (L)
-  int64_t grad_accum = 1;  // micro-batches per optimizer step
+  int64_t steps = 1;           // optimizer steps of the whole run (the cosine schedule spans them)
+  int64_t batch = 8;           // sequences per micro-batch (B)
+  int64_t seq_len = 64;        // tokens per sequence (L)
+  int64_t grad_accum = 1;      // micro-batches per optimizer step
   double max_grad_norm = 1.0;  // HF's default; <= 0 disables clipping (the norm is still checked)
   OptimizerKind optimizer = OptimizerKind::adamw;
   AdamWOptions adamw;
@@ -56,11 +56,11 @@ struct TrainerOptions {
 
 // One optimizer step's figures.
 struct StepStats {
-  int64_t step = 0;      // 1-based: the number of steps done after this one
-  double loss = 0;       // mean of the micro-batch losses (what the model's forward returns)
-  double ce = 0;         // mean cross-entropy
-  double aux = 0;        // mean load-balancing loss (counted in `loss` only when the config says so)
-  double lr = 0;         // the rate this update used
+  int64_t step = 0;  // 1-based: the number of steps done after this one
+  double loss = 0;   // mean of the micro-batch losses (what the model's forward returns)
+  double ce = 0;     // mean cross-entropy
+  double aux = 0;    // mean load-balancing loss (counted in `loss` only when the config says so)
+  double lr = 0;     // the rate this update used
   double grad_norm = 0;  // pre-clip global norm
   int64_t tokens = 0;    // tokens this step processed (B * L * grad_accum)
   double seconds = 0;    // wall time of the step

@@ -24,28 +24,28 @@
 namespace tiermoe {
 
 struct RunControl {
-  std::string out_dir;        // checkpoints and the final export; empty: nothing written
-  int64_t save_every = 0;     // a checkpoint every N steps (0: only at the end)
-  int64_t stop_after = 0;     // stop once this many steps are done (0: run all steps)
-  std::string resume;         // a checkpoint directory (already resolved)
-  std::string metrics_file;   // JSONL per step; empty: none
+  std::string out_dir{};        // checkpoints and the final export; empty: nothing written
+  int64_t save_every = 0;       // a checkpoint every N steps (0: only at the end)
+  int64_t stop_after = 0;       // stop once this many steps are done (0: run all steps)
+  std::string resume{};         // a checkpoint directory (already resolved)
+  std::string metrics_file{};   // JSONL per step; empty: none
   std::ostream* log = nullptr;  // progress and messages; null: silent
   bool progress_tty = false;
   int64_t progress_every = 0;
 };
 
 struct TrainSummary {
-  int64_t steps = 0;            // steps done (the whole run's, a resumed part included)
-  std::vector<double> losses;   // one per step done
+  int64_t steps = 0;           // steps done (the whole run's, a resumed part included)
+  std::vector<double> losses;  // one per step done
   double final_loss = 0;
-  double tokens_per_s = 0;      // over this process's steps
-  double step_time_s = 0;       // median over this process's steps
-  double seconds = 0;           // this process's training time
+  double tokens_per_s = 0;  // over this process's steps
+  double step_time_s = 0;   // median over this process's steps
+  double seconds = 0;       // this process's training time
   std::array<size_t, kNumMemTags> memory_peak{};
   std::optional<double> loss_floor;       // built-in corpus: its entropy rate
   std::optional<double> unigram_entropy;  // built-in corpus: the context-free loss
-  std::string last_checkpoint;  // empty when none was written
-  std::string final_export;     // DIR/final or DIR/adapter; empty when not written
+  std::string last_checkpoint;            // empty when none was written
+  std::string final_export;               // DIR/final or DIR/adapter; empty when not written
 
   nlohmann::json to_json() const;
 };
