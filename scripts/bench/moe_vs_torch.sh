@@ -10,8 +10,12 @@ dtype=${2:-bf16}
 shift 2 || true
 modes=("$@")
 [ ${#modes[@]} -gt 0 ] || modes=(fwd lora full)
+# Debian's torch takes its f32 GEMM from the system BLAS: with the reference
+# libblas it runs at ~3 GFLOP/s, so install OpenBLAS (libopenblas0-pthread)
+# for a fair baseline. Its threads and torch's must not oversubscribe.
 export OMP_WAIT_POLICY=passive  # torch on 2 threads is slower than 1 without it (machine.md)
 threads=$(nproc)
+export OPENBLAS_NUM_THREADS=$threads
 
 printf '%-6s %-5s %6s %14s %14s %8s\n' mode dtype tokens tiermoe_tok/s torch_tok/s ratio
 for mode in "${modes[@]}"; do

@@ -26,11 +26,13 @@ def build(args, dtype):
     gate = torch.randn(E, D, generator=g) * 0.02
     ranks = torch.randperm(E, generator=g)
     gate[:, 0] = -args.zipf * torch.log((ranks + 1).double()).float()
-    w_gate = torch.randn(E, Fi, D, generator=g) * 0.02
-    w_up = torch.randn(E, Fi, D, generator=g) * 0.02
-    w_down = torch.randn(E, D, Fi, generator=g) * 0.02
-    to = lambda t: t.to(dtype)
-    return to(x), to(gate), to(w_gate), to(w_up), to(w_down)
+    # One tensor per expert, as transformers v4's nn.ModuleList of expert
+    # MLPs holds them: slicing one stacked tensor would make autograd build a
+    # full-size zero gradient per expert slice.
+    def experts(rows, cols):
+        return [(torch.randn(rows, cols, generator=g) * 0.02).to(dtype) for _ in range(E)]
+    w_gate, w_up, w_down = experts(Fi, D), experts(Fi, D), experts(D, Fi)
+    return x.to(dtype), gate.to(dtype), w_gate, w_up, w_down
 
 
 def moe_block(x, gate, w_gate, w_up, w_down, k):
@@ -71,8 +73,9 @@ def main():
     x, gate, w_gate, w_up, w_down = build(args, dtype)
     # lora: experts frozen (dx only); full: every weight gets a gradient.
     x.requires_grad_(args.mode != "fwd")
-    for w in (gate, w_gate, w_up, w_down):
-        w.requires_grad_(args.mode == "full" or (args.mode == "lora" and w is gate))
+    gate.requires_grad_(args.mode != "fwd")
+    for w in w_gate + w_up + w_down:
+        w.requires_grad_(args.mode == "full")
     dout = torch.randn_like(x)
 
     times = []
@@ -84,7 +87,7 @@ def main():
         else:
             out = moe_block(x, gate, w_gate, w_up, w_down, args.top_k)
             out.backward(dout)
-            for t in (x, gate, w_gate, w_up, w_down):
+            for t in [x, gate] + w_gate + w_up + w_down:
                 t.grad = None
         if it >= args.warmup:
             times.append(time.perf_counter() - start)
