@@ -40,15 +40,6 @@ struct InitOptions {
   bool layers_given = false;
 };
 
-std::string hf_dtype_name(DType dt) {
-  switch (dt) {
-    case DType::f64: return "float64";
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-  }
-  __builtin_unreachable();
-}
-
 // huggingface_hub's split (as save_checkpoint_tensors does it): fill shards
 // greedily in module order; a tensor over the limit gets a shard of its own.
 std::vector<std::vector<size_t>> plan_shards(const std::vector<HfTensor>& tensors, DType dtype,
@@ -140,7 +131,7 @@ void run_init(const InitOptions& o) {
                 "the default is 5GB");
   ModelConfig config =
       preset(o.preset, o.layers_given ? std::optional<int64_t>(o.layers) : std::nullopt);
-  config.torch_dtype = hf_dtype_name(dtype);
+  config.torch_dtype = torch_dtype_name(dtype);
 
   const std::vector<HfTensor> tensors = hf_tensors(config);
   const ParamCounts counts = param_counts(config);

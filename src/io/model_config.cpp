@@ -273,6 +273,15 @@ void write_file_atomic(const std::string& path, const std::string& text) {
 }
 
 }  // namespace
+std::string_view torch_dtype_name(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return "float64";
+    case DType::f32: return "float32";
+    case DType::bf16: return "bfloat16";
+  }
+  __builtin_unreachable();
+}
+
 std::string_view family_name(ModelFamily family) {
   switch (family) {
     case ModelFamily::qwen3_moe: return "qwen3_moe";

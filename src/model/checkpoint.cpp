@@ -22,15 +22,6 @@ struct LoadItem {
   Tensor dest;
 };
 
-std::string hf_dtype_name(DType dt) {
-  switch (dt) {
-    case DType::f64: return "float64";
-    case DType::f32: return "float32";
-    case DType::bf16: return "bfloat16";
-  }
-  __builtin_unreachable();
-}
-
 class LoadPlan {
  public:
   LoadPlan(const CheckpointTensors& ck, const ModelConfig& c) : ck_(ck), c_(c) {}
@@ -147,7 +138,7 @@ void CausalLM::save_checkpoint(const std::string& dir, std::optional<DType> stor
   }
   save_checkpoint_tensors(dir, tensors, max_shard_bytes);
   ModelConfig c = config_;
-  c.torch_dtype = hf_dtype_name(dt);
+  c.torch_dtype = torch_dtype_name(dt);
   save_model_config(c, (std::filesystem::path(dir) / "config.json").string());
 }
 

@@ -15,10 +15,14 @@
 #include <string_view>
 #include <vector>
 
+#include "tiermoe/core/dtype.h"
+
 namespace tiermoe {
 
 enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe };
 std::string_view family_name(ModelFamily family);  // the HF model_type
+// config.json's torch_dtype for a TierMoE dtype: "float64", "float32", "bfloat16".
+std::string_view torch_dtype_name(DType dtype);
 
 // How attention normalises q and k before RoPE.
 enum class QkNorm : uint8_t {
