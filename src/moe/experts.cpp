@@ -1,28 +1,11 @@
 #include "tiermoe/moe/experts.h"
 
-#include "tiermoe/kernels/activation.h"
-#include "tiermoe/kernels/matmul.h"
+#include "tiermoe/moe/expert_math.h"
 
 #include <utility>
 
 namespace tiermoe {
 
-namespace {
-
-void mm_forward(KernelSet k, Tensor& y, const Tensor& x, const Tensor& w) {
-  if (k == KernelSet::ref) ref::matmul_forward(y, x, w);
-  else cpu::matmul_forward(y, x, w);
-}
-void mm_backward_dx(KernelSet k, Tensor& dx, const Tensor& dy, const Tensor& w) {
-  if (k == KernelSet::ref) ref::matmul_backward_dx(dx, dy, w);
-  else cpu::matmul_backward_dx(dx, dy, w);
-}
-void mm_backward_dw_acc(KernelSet k, Tensor& dw, const Tensor& dy, const Tensor& x) {
-  if (k == KernelSet::ref) ref::matmul_backward_dw(dw, dy, x, /*accumulate=*/true);
-  else cpu::matmul_backward_dw(dw, dy, x, /*accumulate=*/true);
-}
-
-}  // namespace
 
 std::string_view expert_activation_name(ExpertActivation a) {
   switch (a) {
@@ -37,6 +20,8 @@ void ExpertsConfig::validate(std::string_view where) const {
                 detail::str_of("experts need E, D, F >= 1, got E ", num_experts, ", D ", hidden,
                                ", F ", ffn),
                 std::string(where), "set num_experts, hidden and ffn");
+  TIERMOE_CHECK(dw_row_block >= 1, "dw_row_block must be >= 1", std::string(where),
+                "the default is 512 rows");
   TIERMOE_CHECK(!(post_norm && norm_eps <= 0), "post_norm needs norm_eps > 0", std::string(where),
                 "use e.g. 1e-6");
   TIERMOE_CHECK(activation != ExpertActivation::gpt_oss || gpt_oss.limit > 0,
@@ -129,134 +114,66 @@ void GroupedExperts::zero_grad() {
   for (const auto& n : param_names()) grad(n).zero();
 }
 
+ExpertWeights GroupedExperts::weights(int64_t e) const {
+  ExpertWeights w;
+  w.w13_FD = w13_EFD.select(e);
+  w.w2_DF = w2_EDF.select(e);
+  if (cfg_.bias) {
+    w.b13_F = b13_E2F.select(e);
+    w.b2_D = b2_ED.select(e);
+  }
+  if (cfg_.post_norm) w.norm_D = norm_ED.select(e);
+  return w;
+}
+
+ExpertGrads GroupedExperts::grads(int64_t e) {
+  allocate_grads();
+  ExpertGrads g;
+  g.dw13_FD = dw13_EFD.select(e);
+  g.dw2_DF = dw2_EDF.select(e);
+  if (cfg_.bias) {
+    g.db13_F = db13_E2F.select(e);
+    g.db2_D = db2_ED.select(e);
+  }
+  if (cfg_.post_norm) g.dnorm_D = dnorm_ED.select(e);
+  return g;
+}
+
+ExpertMath GroupedExperts::math(int64_t e) const {
+  return ExpertMath{&cfg_, dtype_, weights(e), adapter_, e};
+}
+
 void GroupedExperts::forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,
                                   const Tensor& x_MD, const Tensor& score_M) const {
-  if (x_MD.size(0) == 0) return;
-  w13_forward_rows(e, acts, x_MD);
-  act_forward_rows(acts.a_MF, acts.h_M2F);
-  w2_forward_rows(e, y_MD, acts, score_M);
+  expert_forward(math(e), y_MD, acts, x_MD, score_M);
 }
 
 void GroupedExperts::w13_forward_rows(int64_t e, ExpertRowsActs& acts, const Tensor& x_MD) const {
-  if (x_MD.size(0) == 0) return;
-  mm_forward(cfg_.kernels, acts.h_M2F, x_MD, w13_EFD.select(e));
-  if (cfg_.bias) add_bias_forward(acts.h_M2F, b13_E2F.select(e), Tensor());
-  if (adapts(ExpertLinear::gate)) {
-    adapter_->forward_rows(ExpertLinear::gate, e, acts.h_M2F, acts.lora_gate_MR, x_MD);
-  }
-  if (adapts(ExpertLinear::up)) {
-    adapter_->forward_rows(ExpertLinear::up, e, acts.h_M2F, acts.lora_up_MR, x_MD);
-  }
+  expert_w13_forward(math(e), acts, x_MD);
 }
 
 void GroupedExperts::act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const {
-  if (h_M2F.size(0) == 0) return;
-  if (cfg_.activation == ExpertActivation::gpt_oss) {
-    gpt_oss_glu_forward(a_MF, h_M2F, cfg_.gpt_oss);
-  } else if (cfg_.kernels == KernelSet::ref) {
-    ref::swiglu_forward(a_MF, h_M2F);
-  } else {
-    cpu::swiglu_forward(a_MF, h_M2F);
-  }
+  expert_act_forward(math(0), a_MF, h_M2F);
 }
 
 void GroupedExperts::w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,
                                      const Tensor& score_M) const {
-  const int64_t M = acts.a_MF.size(0), F = cfg_.ffn, D = cfg_.hidden;
-  if (M == 0) return;
-  Tensor w2_in = acts.a_MF;
-  if (score_M.defined()) {
-    w2_in = Tensor::empty({M, F}, dtype_);
-    scale_rows_forward(w2_in, acts.a_MF, score_M);
-  }
-  Tensor& w2_out = cfg_.post_norm ? acts.ypre_MD : y_MD;
-  TIERMOE_ASSERT(w2_out.defined() && w2_out.size(0) == M && w2_out.size(1) == D);
-  mm_forward(cfg_.kernels, w2_out, w2_in, w2_EDF.select(e));
-  if (cfg_.bias) add_bias_forward(w2_out, b2_ED.select(e), score_M);
-  if (adapts(ExpertLinear::down)) {
-    adapter_->forward_rows(ExpertLinear::down, e, w2_out, acts.lora_down_MR, w2_in);
-  }
-  if (cfg_.post_norm) {
-    rmsnorm_rows_forward(y_MD, acts.rstd_M, w2_out, norm_ED.select(e), cfg_.norm_eps);
-  }
+  expert_w2_forward(math(e), y_MD, acts, score_M);
 }
 
 void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
                                    const ExpertRowsActs& acts, const Tensor& score_M,
                                    bool weight_grads) {
-  const int64_t M = dy_MD.size(0), F = cfg_.ffn, D = cfg_.hidden;
-  if (M == 0) return;
-  const bool absorbed = score_M.defined();
+  if (dy_MD.size(0) == 0) return;
   TIERMOE_ASSERT(!weight_grads || has_grads(), "allocate_grads() before a parallel backward");
-  TIERMOE_CHECK(!weight_grads || acts.x_MD.defined(),
-                "weight gradients need the expert inputs x_ND, which forward did not keep", name_,
-                "run forward with weight_grads = true");
-  TIERMOE_CHECK(!(weight_grads || absorbed) || acts.a_MF.defined(),
-                "this backward needs the activation a_NF, which forward did not keep", name_,
-                "keep a_NF (or rebuild it by replay) for weight grads or absorbed scores");
-  const bool lora_w13 = acts.lora_gate_MR.defined() || acts.lora_up_MR.defined();
-  const bool lora_down = acts.lora_down_MR.defined();
-  TIERMOE_CHECK(!lora_w13 || acts.x_MD.defined(),
-                "the gate/up adapters' backward needs the expert inputs x_ND", name_,
-                "keep x_ND (or rebuild it by replay) when the experts carry gate/up adapters");
-  TIERMOE_CHECK(!lora_down || acts.a_MF.defined(),
-                "the down adapter's backward needs the activation a_NF", name_,
-                "keep a_NF (or rebuild it by replay) when the experts carry a down adapter");
-  // Parameter grads of a [D] row go to scratch when only dx is wanted (frozen experts).
-  auto grad_or_scratch = [&](const Tensor& g_ED) {
-    return weight_grads ? g_ED.select(e) : Tensor::zeros({D}, grad_dtype());
-  };
-
-  Tensor dy = dy_MD;
-  if (cfg_.post_norm) {
-    dy = Tensor::empty({M, D}, dtype_);
-    Tensor dnorm = grad_or_scratch(dnorm_ED);
-    rmsnorm_rows_backward(dy, dnorm, dy_MD, acts.ypre_MD, norm_ED.select(e), acts.rstd_M);
+  if (!weight_grads) {
+    expert_backward(math(e), dx_MD, dscore_M, dy_MD, acts, score_M, nullptr, false);
+    return;
   }
-  if (absorbed) dscore_M.zero();
-  if (cfg_.bias) {
-    Tensor db2 = grad_or_scratch(db2_ED);
-    add_bias_backward(db2, dscore_M, dy, b2_ED.select(e), score_M);
-  }
-  // W2 saw the scaled activation; rebuild it from the unscaled one and the
-  // score with the forward's exact arithmetic instead of keeping it.
-  Tensor w2_in = acts.a_MF;
-  if (absorbed && (weight_grads || lora_down)) {
-    w2_in = Tensor::empty({M, F}, dtype_);
-    scale_rows_forward(w2_in, acts.a_MF, score_M);
-  }
-  if (weight_grads) {
-    Tensor dw2 = dw2_EDF.select(e);
-    mm_backward_dw_acc(cfg_.kernels, dw2, dy, w2_in);
-  }
-  Tensor da = Tensor::empty({M, F}, dtype_);
-  mm_backward_dx(cfg_.kernels, da, dy, w2_EDF.select(e));
-  if (lora_down) adapter_->backward_rows(ExpertLinear::down, e, da, dy, w2_in, acts.lora_down_MR);
-  if (absorbed) scale_rows_backward(da, dscore_M, da, acts.a_MF, score_M, /*accumulate=*/true);
-
-  Tensor dh = Tensor::empty({M, 2 * F}, dtype_);
-  if (cfg_.activation == ExpertActivation::gpt_oss) {
-    gpt_oss_glu_backward(dh, da, acts.h_M2F, cfg_.gpt_oss);
-  } else if (cfg_.kernels == KernelSet::ref) {
-    ref::swiglu_backward(dh, da, acts.h_M2F);
-  } else {
-    cpu::swiglu_backward(dh, da, acts.h_M2F);
-  }
-  if (weight_grads) {
-    if (cfg_.bias) {
-      Tensor db13 = db13_E2F.select(e), none;
-      add_bias_backward(db13, none, dh, b13_E2F.select(e), Tensor());
-    }
-    Tensor dw13 = dw13_EFD.select(e);
-    mm_backward_dw_acc(cfg_.kernels, dw13, dh, acts.x_MD);
-  }
-  mm_backward_dx(cfg_.kernels, dx_MD, dh, w13_EFD.select(e));
-  if (acts.lora_gate_MR.defined()) {
-    adapter_->backward_rows(ExpertLinear::gate, e, dx_MD, dh, acts.x_MD, acts.lora_gate_MR);
-  }
-  if (acts.lora_up_MR.defined()) {
-    adapter_->backward_rows(ExpertLinear::up, e, dx_MD, dh, acts.x_MD, acts.lora_up_MR);
-  }
+  // This call's sum, added once to the accumulated grads (expert_math.h).
+  ExpertGrads sum = ExpertGrads::zeros(cfg_, grad_dtype());
+  expert_backward(math(e), dx_MD, dscore_M, dy_MD, acts, score_M, &sum, false);
+  grads(e).add(sum);
 }
 
 }  // namespace tiermoe

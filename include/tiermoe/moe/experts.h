@@ -44,6 +44,10 @@ struct ExpertsConfig {
   bool post_norm = false;
   double norm_eps = 1e-6;
   KernelSet kernels = KernelSet::cpu;
+  // Weight gradients sum over an expert's rows in blocks of this many rows
+  // (moe/expert_math.h); the device tier's largest bucket is this size, so
+  // every tier sums the same products in the same order.
+  int64_t dw_row_block = 512;
   void validate(std::string_view where = "experts") const;
 };
 
@@ -86,6 +90,10 @@ struct ExpertRowsActs {
   Tensor lora_gate_MR, lora_up_MR, lora_down_MR;
 };
 
+struct ExpertWeights;
+struct ExpertGrads;
+struct ExpertMath;
+
 class GroupedExperts {
  public:
   // Weights are zero; fill them through param(). Weights and biases are stored
@@ -117,6 +125,12 @@ class GroupedExperts {
   ExpertAdapter* adapter() const { return adapter_; }
   bool adapts(ExpertLinear p) const { return adapter_ && adapter_->adapts(p); }
 
+  // Expert e's weights (views), its accumulated grads (views; allocated on
+  // first use) and its math (moe/expert_math.h) with the adapter hooked in.
+  ExpertWeights weights(int64_t e) const;
+  ExpertGrads grads(int64_t e);
+  ExpertMath math(int64_t e) const;
+
   // Expert e over M rows. acts.h_M2F and acts.a_MF (and ypre_MD, rstd_M with
   // post_norm) are outputs the caller allocated; acts.x_MD is only read by
   // backward. score_M (score dtype) defined = absorbed; padded rows carry 0.
@@ -134,7 +148,8 @@ class GroupedExperts {
   void act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const;
   void w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts, const Tensor& score_M) const;
   // dx_MD is written; dscore_M (absorbed only) is written; with weight_grads
-  // the expert's parameter grads accumulate (+=) and acts.x_MD must be defined.
+  // the call's weight-gradient sum (moe/expert_math.h) is added to the
+  // expert's grads and acts.x_MD must be defined.
   // acts.a_MF is read only with weight_grads, an absorbed score or a down
   // adapter. The adapter's backward runs for each map whose intermediate
   // acts carries (gate/up then also read acts.x_MD).
