@@ -8,10 +8,13 @@
 
 namespace tiermoe {
 
-void for_each_expert(const std::vector<int64_t>& offset_E, const std::function<void(int64_t)>& fn) {
+void for_each_expert(const std::vector<int64_t>& offset_E, const std::function<void(int64_t)>& fn,
+                     const std::vector<uint8_t>& skip_E) {
   const int64_t E = int64_t(offset_E.size()) - 1;
+  TIERMOE_ASSERT(skip_E.empty() || int64_t(skip_E.size()) == E);
   std::vector<int64_t> order;
   for (int64_t e = 0; e < E; ++e) {
+    if (!skip_E.empty() && skip_E[size_t(e)]) continue;
     if (offset_E[size_t(e) + 1] > offset_E[size_t(e)]) order.push_back(e);
   }
   auto rows = [&](int64_t e) { return offset_E[size_t(e) + 1] - offset_E[size_t(e)]; };
@@ -91,10 +94,10 @@ ExpertAdapted HostExperts::adapted() const {
           experts_->adapts(ExpertLinear::down)};
 }
 
-void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
-                          const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) {
+void HostExperts::check_forward(const Tensor& y_ND, const Tensor& x_ND,
+                                const std::vector<int64_t>& offset_E, const Tensor& score_N) const {
   const ExpertsConfig& cfg = experts_->config();
-  const int64_t N = x_ND.size(0), D = cfg.hidden, F = cfg.ffn;
+  const int64_t N = x_ND.size(0), D = cfg.hidden;
   const DType dt = experts_->dtype();
   check_shape(x_ND, {N, D}, name() + ": x_ND");
   check_dtype(x_ND, dt, name() + ": x_ND");
@@ -106,6 +109,13 @@ void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<in
     TIERMOE_CHECK(!cfg.post_norm, "router scores cannot be absorbed before W2 with post_norm",
                   name(), "the postprocess is scale-invariant; combine must apply the score");
   }
+}
+
+ExpertRowsActs HostExperts::forward_buffers(SavedTensors& saved, const Tensor& x_ND,
+                                            const ExpertSaves& keep) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t N = x_ND.size(0), D = cfg.hidden, F = cfg.ffn;
+  const DType dt = experts_->dtype();
   if (keep.x) saved.save("x_ND", x_ND);
   ExpertRowsActs all;
   all.h_M2F = keep_or_scratch(saved, keep.h, "h_N2F", {N, 2 * F}, dt);
@@ -126,25 +136,41 @@ void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<in
       all.lora_down_MR = keep_or_scratch(saved, keep.lora_w2, "lora_down_NR", u, ad->dtype());
     }
   }
-  for_each_expert(offset_E, [&](int64_t e) {
-    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    ExpertRowsActs acts;
-    acts.h_M2F = all.h_M2F.rows(b, end);
-    acts.a_MF = all.a_MF.rows(b, end);
-    lora_rows(acts, all, b, end);
-    if (cfg.post_norm) {
-      acts.ypre_MD = all.ypre_MD.rows(b, end);
-      acts.rstd_M = all.rstd_M.rows(b, end);
-    }
-    Tensor y = y_ND.rows(b, end);
-    experts_->forward_rows(e, y, acts, x_ND.rows(b, end),
-                           score_N.defined() ? score_N.rows(b, end) : Tensor());
-  });
+  return all;
 }
 
-void HostExperts::replay(SavedTensors& saved, const Tensor& x_ND,
-                         const std::vector<int64_t>& offset_E, const Tensor& score_N,
-                         const ExpertStages& stages) {
+void HostExperts::forward_experts(Tensor& y_ND, ExpertRowsActs& all, const Tensor& x_ND,
+                                  const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                                  const std::vector<uint8_t>& skip_E) {
+  const bool post_norm = experts_->config().post_norm;
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+        ExpertRowsActs acts;
+        acts.h_M2F = all.h_M2F.rows(b, end);
+        acts.a_MF = all.a_MF.rows(b, end);
+        lora_rows(acts, all, b, end);
+        if (post_norm) {
+          acts.ypre_MD = all.ypre_MD.rows(b, end);
+          acts.rstd_M = all.rstd_M.rows(b, end);
+        }
+        Tensor y = y_ND.rows(b, end);
+        experts_->forward_rows(e, y, acts, x_ND.rows(b, end),
+                               score_N.defined() ? score_N.rows(b, end) : Tensor());
+      },
+      skip_E);
+}
+
+void HostExperts::forward(Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                          const Tensor& score_N, SavedTensors& saved, const ExpertSaves& keep) {
+  check_forward(y_ND, x_ND, offset_E, score_N);
+  ExpertRowsActs all = forward_buffers(saved, x_ND, keep);
+  forward_experts(y_ND, all, x_ND, offset_E, score_N, {});
+}
+
+void HostExperts::replay_buffers(SavedTensors& saved, const Tensor& x_ND,
+                                 const std::vector<int64_t>& offset_E, const ExpertStages& stages) {
   const ExpertsConfig& cfg = experts_->config();
   const int64_t N = offset_E.back(), D = cfg.hidden, F = cfg.ffn;
   const DType dt = experts_->dtype();
@@ -171,43 +197,80 @@ void HostExperts::replay(SavedTensors& saved, const Tensor& x_ND,
     }
     alloc_lora(ExpertLinear::down, "lora_down_NR");
   }
-  // The same per-expert order of stages as forward_rows, over the same rows.
-  for_each_expert(offset_E, [&](int64_t e) {
-    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    ExpertRowsActs acts = rows_of(saved, cfg.post_norm && stages.w2, false, true, b, end);
-    if (stages.w13) experts_->w13_forward_rows(e, acts, x_ND.rows(b, end));
-    if (stages.act) experts_->act_forward_rows(acts.a_MF, acts.h_M2F);
-    if (stages.w2) {
-      // The W2 output itself is not wanted: only the postprocess's inputs
-      // and the down adapter's intermediate.
-      Tensor y = Tensor::empty({end - b, D}, dt, MemTag::activations, saved.tracker());
-      experts_->w2_forward_rows(e, y, acts, score_N.defined() ? score_N.rows(b, end) : Tensor());
-    }
-  });
 }
 
-void HostExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
-                           const std::vector<int64_t>& offset_E, const Tensor& score_N,
-                           const SavedTensors& saved, bool weight_grads, bool adapter_grads) {
+void HostExperts::replay_experts(SavedTensors& saved, const Tensor& x_ND,
+                                 const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                                 const ExpertStages& stages, const std::vector<uint8_t>& skip_E) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t D = cfg.hidden;
+  const DType dt = experts_->dtype();
+  // The same per-expert order of stages as forward_rows, over the same rows.
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+        ExpertRowsActs acts = rows_of(saved, cfg.post_norm && stages.w2, false, true, b, end);
+        if (stages.w13) experts_->w13_forward_rows(e, acts, x_ND.rows(b, end));
+        if (stages.act) experts_->act_forward_rows(acts.a_MF, acts.h_M2F);
+        if (stages.w2) {
+          // The W2 output itself is not wanted: only the postprocess's inputs
+          // and the down adapter's intermediate.
+          Tensor y = Tensor::empty({end - b, D}, dt, MemTag::activations, saved.tracker());
+          experts_->w2_forward_rows(e, y, acts,
+                                    score_N.defined() ? score_N.rows(b, end) : Tensor());
+        }
+      },
+      skip_E);
+}
+
+void HostExperts::replay(SavedTensors& saved, const Tensor& x_ND,
+                         const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                         const ExpertStages& stages) {
+  replay_buffers(saved, x_ND, offset_E, stages);
+  replay_experts(saved, x_ND, offset_E, score_N, stages, {});
+}
+
+void HostExperts::check_backward(const Tensor& dx_ND, const Tensor& dscore_N, const Tensor& dy_ND,
+                                 const std::vector<int64_t>& offset_E,
+                                 const Tensor& score_N) const {
   const ExpertsConfig& cfg = experts_->config();
   const int64_t N = dy_ND.size(0), D = cfg.hidden;
   check_shape(dy_ND, {N, D}, name() + ": dy_ND");
   check_shape(dx_ND, {N, D}, name() + ": dx_ND");
   check_rows_layout(offset_E, cfg.num_experts, N, name());
   if (score_N.defined()) check_shape(dscore_N, {N}, name() + ": dscore_N");
+}
+
+void HostExperts::backward_experts(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
+                                   const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                                   const SavedTensors& saved, bool weight_grads,
+                                   bool adapter_grads, const std::vector<uint8_t>& skip_E) {
+  const bool post_norm = experts_->config().post_norm;
   if (weight_grads) experts_->allocate_grads();
   const ExpertAdapted ad = adapted();
   // Rows of experts that got none stay untouched by the loop; padded rows
   // inside an expert's block are computed like any other (their dy is 0).
-  for_each_expert(offset_E, [&](int64_t e) {
-    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    ExpertRowsActs acts = rows_of(saved, cfg.post_norm, weight_grads || (adapter_grads && ad.w13),
-                                  adapter_grads, b, end);
-    Tensor dx = dx_ND.rows(b, end);
-    Tensor ds = score_N.defined() ? dscore_N.rows(b, end) : Tensor();
-    experts_->backward_rows(e, dx, ds, dy_ND.rows(b, end), acts,
-                            score_N.defined() ? score_N.rows(b, end) : Tensor(), weight_grads);
-  });
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+        ExpertRowsActs acts = rows_of(saved, post_norm, weight_grads || (adapter_grads && ad.w13),
+                                      adapter_grads, b, end);
+        Tensor dx = dx_ND.rows(b, end);
+        Tensor ds = score_N.defined() ? dscore_N.rows(b, end) : Tensor();
+        experts_->backward_rows(e, dx, ds, dy_ND.rows(b, end), acts,
+                                score_N.defined() ? score_N.rows(b, end) : Tensor(), weight_grads);
+      },
+      skip_E);
+}
+
+void HostExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
+                           const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                           const SavedTensors& saved, bool weight_grads, bool adapter_grads) {
+  check_backward(dx_ND, dscore_N, dy_ND, offset_E, score_N);
+  backward_experts(dx_ND, dscore_N, dy_ND, offset_E, score_N, saved, weight_grads, adapter_grads,
+                   {});
 }
 
 }  // namespace tiermoe

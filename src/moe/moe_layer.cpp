@@ -136,6 +136,15 @@ void MoeLayer::set_options(AbsorbScores absorb, const MoeRegionKeep& keep) {
   cfg_.keep = keep;
 }
 
+void MoeLayer::set_experts(ExpertExecutor& experts) {
+  TIERMOE_CHECK(experts.num_experts() == experts_->num_experts() &&
+                    experts.hidden() == experts_->hidden() && experts.dtype() == experts_->dtype() &&
+                    experts.has_output_postprocess() == experts_->has_output_postprocess(),
+                "the new expert executor " + experts.name() + " does not match " + experts_->name(),
+                cfg_.name, "swap in an executor over the same experts");
+  experts_ = &experts;
+}
+
 MemoryTracker& MoeLayer::tracker() const {
   return cfg_.tracker ? *cfg_.tracker : MemoryTracker::process();
 }

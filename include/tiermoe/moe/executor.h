@@ -108,12 +108,39 @@ class HostExperts final : public ExpertExecutor {
                 const std::vector<int64_t>& offset_E, const Tensor& score_N,
                 const SavedTensors& saved, bool weight_grads, bool adapter_grads) override;
 
+  // The pieces of the three calls above, for an executor that runs some
+  // experts here and the others elsewhere (tier/TieredExperts). `skip_E`
+  // (one flag per expert, or empty for none) names experts left alone.
+  //
+  // forward: argument checks, then the N-row activation buffers (the kept
+  // ones in `saved`, the others scratch), then the experts' rows into them.
+  void check_forward(const Tensor& y_ND, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                     const Tensor& score_N) const;
+  ExpertRowsActs forward_buffers(SavedTensors& saved, const Tensor& x_ND, const ExpertSaves& keep);
+  void forward_experts(Tensor& y_ND, ExpertRowsActs& all, const Tensor& x_ND,
+                       const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                       const std::vector<uint8_t>& skip_E);
+  // replay: the buffers of the re-run stages (added to `saved`), then the rows.
+  void replay_buffers(SavedTensors& saved, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                      const ExpertStages& stages);
+  void replay_experts(SavedTensors& saved, const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                      const Tensor& score_N, const ExpertStages& stages,
+                      const std::vector<uint8_t>& skip_E);
+  void check_backward(const Tensor& dx_ND, const Tensor& dscore_N, const Tensor& dy_ND,
+                      const std::vector<int64_t>& offset_E, const Tensor& score_N) const;
+  void backward_experts(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
+                        const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                        const SavedTensors& saved, bool weight_grads, bool adapter_grads,
+                        const std::vector<uint8_t>& skip_E);
+
  private:
   GroupedExperts* experts_;
 };
 
-// Calls fn(e) for every expert with rows, in parallel across experts when
-// more than one has rows (largest first). Exceptions propagate to the caller.
-void for_each_expert(const std::vector<int64_t>& offset_E, const std::function<void(int64_t)>& fn);
+// Calls fn(e) for every expert with rows (and skip_E[e] unset, when skip_E
+// is not empty), in parallel across experts when more than one has rows
+// (largest first). Exceptions propagate to the caller.
+void for_each_expert(const std::vector<int64_t>& offset_E, const std::function<void(int64_t)>& fn,
+                     const std::vector<uint8_t>& skip_E = {});
 
 }  // namespace tiermoe

@@ -88,6 +88,10 @@ class MoeLayer {
   // forwards (a forward's MoeSaved records what it did, so a pending
   // backward is unaffected).
   void set_options(AbsorbScores absorb, const MoeRegionKeep& keep);
+  // Runs the routed experts on `experts` from the next forward on (e.g. the
+  // device tier's TieredExperts over the same GroupedExperts). It must have
+  // this layer's expert count, hidden size, dtype and postprocess.
+  void set_experts(ExpertExecutor& experts);
   // Region body runs since construction or the last reset (not thread-safe:
   // a layer runs one forward or backward at a time).
   const MoeRegionCounters& counters() const { return counters_; }
