@@ -24,7 +24,10 @@ std::string_view graph_kind_name(GraphKind k) {
 std::string GraphKey::str() const {
   return detail::str_of(graph_kind_name(kind), " D", D, " F", F, " G", G, " ", dtype_name(dtype),
                         " ", expert_activation_name(activation), absorb ? " absorb" : "",
-                        bias ? " bias" : "");
+                        bias ? " bias" : "",
+                        activation == ExpertActivation::gpt_oss
+                            ? detail::str_of(" alpha ", gpt_oss.alpha, " limit ", gpt_oss.limit)
+                            : std::string());
 }
 
 const DeviceTensor* GraphArgs::find(std::string_view name) const {

@@ -11,6 +11,7 @@ namespace tiermoe {
 struct GptOssActivation {
   double alpha = 1.702;  // swiglu_alpha
   double limit = 7.0;    // swiglu_limit
+  auto operator<=>(const GptOssActivation&) const = default;
 };
 
 // h_M2F columns interleaved: 2i is gate i, 2i+1 is up i (GPT-OSS's gu[..., 0::2]

@@ -72,6 +72,7 @@ struct GraphKey {
   ExpertActivation activation = ExpertActivation::swiglu;
   bool absorb = true;  // router scores multiplied into the activation before W2
   bool bias = false;   // b13, b2 (GPT-OSS)
+  GptOssActivation gpt_oss{};  // the clamped activation's alpha and limit (gpt_oss only)
   auto operator<=>(const GraphKey&) const = default;
   std::string str() const;  // "expert_fwd D2048 F768 G128 bf16 swiglu absorb"
 };
