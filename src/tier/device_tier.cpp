@@ -1,0 +1,142 @@
+#include "tiermoe/tier/device_tier.h"
+
+#include <chrono>
+
+namespace tiermoe {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+DeviceTier::DeviceTier(Device& device, DeviceTierConfig config, ExpertShape shape, int64_t layers,
+                       int64_t experts, std::optional<RoutingProfile> profile_in)
+    : device_(&device),
+      config_(std::move(config)),
+      shape_(shape),
+      layers_(layers),
+      experts_(experts),
+      buckets_(config_.cost.buckets),
+      workspace_(device, shape, config_.cost.largest_bucket()),
+      profile_(profile_in ? std::move(*profile_in)
+                          : RoutingProfile(layers, experts, config_.profile_decay)),
+      planner_(config_.planner, shape, layers, experts, config_.cost),
+      placement_(Placement::none(layers, experts)),
+      tiered_(size_t(layers)) {
+  TIERMOE_CHECK(profile_.layers() == layers && profile_.experts() == experts,
+                detail::str_of("the routing profile has ", profile_.layers(), " layers x ",
+                               profile_.experts(), " experts, the model ", layers, " x ", experts),
+                "--profile-in", "use a profile recorded with this model (or drop --profile-in)");
+}
+
+DeviceTier::~DeviceTier() {
+  // The executors free their device memory before the workspace goes.
+  tiered_.clear();
+}
+
+TieredExperts& DeviceTier::attach(int64_t layer, GroupedExperts& experts, HostExperts& host) {
+  TIERMOE_CHECK(layer >= 0 && layer < layers_ && !tiered_[size_t(layer)],
+                detail::str_of("layer ", layer, " attached twice or out of 0..", layers_ - 1),
+                "device tier", "attach each MoE layer once");
+  auto t = std::make_unique<TieredExperts>(experts, host, *device_, workspace_, buckets_);
+  t->set_host_threads(config_.host_threads);
+  t->set_observer([this, layer](const std::vector<int64_t>& count_E) {
+    profile_.observe(layer, count_E);
+  });
+  tiered_[size_t(layer)] = std::move(t);
+  return *tiered_[size_t(layer)];
+}
+
+void DeviceTier::set_profile(RoutingProfile profile) {
+  TIERMOE_CHECK(profile.layers() == layers_ && profile.experts() == experts_,
+                detail::str_of("the routing profile has ", profile.layers(), " layers x ",
+                               profile.experts(), " experts, the model ", layers_, " x ",
+                               experts_),
+                "routing profile", "use a profile recorded with this model");
+  profile_ = std::move(profile);
+}
+
+void DeviceTier::begin_step() {
+  for (auto& t : tiered_) {
+    if (t) t->begin_step();
+  }
+  // A profile given up front (or restored) places experts before the first step.
+  if (placement_.count() == 0 && profile_.steps() > 0 &&
+      config_.planner.mode != PlacementMode::host) {
+    TierStepStats ignored;
+    apply(planner_.plan(profile_), ignored);
+  }
+}
+
+void DeviceTier::apply(const Placement& target, TierStepStats& stats) {
+  const bool with_grads = config_.planner.train == TrainMode::full;
+  const auto t0 = std::chrono::steady_clock::now();
+  // Evictions first, so the memory they free is there for the experts moving in.
+  for (int64_t l = 0; l < layers_; ++l) {
+    TieredExperts* t = tiered_[size_t(l)].get();
+    if (!t || !t->device_capable()) continue;
+    std::vector<uint8_t> keep = t->resident();
+    for (size_t e = 0; e < keep.size(); ++e) keep[e] = keep[e] && target.resident[size_t(l)][e];
+    t->set_resident(keep, with_grads);
+  }
+  for (int64_t l = 0; l < layers_; ++l) {
+    // Experts with a LoRA adapter or a postprocess stay on the host.
+    TieredExperts* t = tiered_[size_t(l)].get();
+    if (!t || !t->device_capable()) continue;
+    const std::vector<uint8_t> before = t->resident();
+    try {
+      stats.bytes_moved += t->set_resident(target.resident[size_t(l)], with_grads);
+    } catch (const DeviceOutOfMemory&) {
+      // What fitted stays; plan within it from now on.
+      ++alloc_faults_;
+      ++stats.faults;
+      planner_.shrink_budget(device_->used());
+    }
+    const std::vector<uint8_t>& after = t->resident();
+    for (size_t e = 0; e < after.size(); ++e) {
+      stats.moved_in += after[e] && !before[e];
+      stats.moved_out += before[e] && !after[e];
+    }
+    placement_.resident[size_t(l)] = after;
+  }
+  stats.move_s += seconds_since(t0);
+}
+
+TierStepStats DeviceTier::end_step(bool weights_changed) {
+  TierStepStats s;
+  for (auto& t : tiered_) {
+    s.layers.push_back(t ? t->take_stats() : TierLayerStats{});
+    s.total.add(s.layers.back());
+  }
+  s.faults = s.total.faults;
+  if (weights_changed && config_.planner.train == TrainMode::full) {
+    const auto t0 = std::chrono::steady_clock::now();
+    for (auto& t : tiered_) {
+      if (t) s.bytes_synced += t->upload_weights();
+    }
+    s.sync_s = seconds_since(t0);
+  }
+  profile_.end_step();
+  s.drift = profile_.drift();
+  if (config_.planner.mode != PlacementMode::host && (config_.replan || placement_.count() == 0)) {
+    std::optional<Placement> target;
+    if (placement_.count() == 0) {
+      Placement first = planner_.plan(profile_);
+      if (first.count() > 0) target = std::move(first);
+    } else if (auto r = planner_.replan(placement_, profile_)) {
+      target = std::move(r->placement);
+    }
+    if (target) {
+      apply(*target, s);
+      s.replacements = 1;
+    }
+  }
+  s.resident = placement_.count();
+  s.predicted_step_s = planner_.predict(placement_, profile_).step_s;
+  return s;
+}
+
+}  // namespace tiermoe

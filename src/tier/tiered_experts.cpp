@@ -1,0 +1,439 @@
+#include "tiermoe/tier/tiered_experts.h"
+
+#include <chrono>
+
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::vector<uint8_t> complement(const std::vector<uint8_t>& on) {
+  std::vector<uint8_t> out(on.size());
+  for (size_t i = 0; i < on.size(); ++i) out[i] = !on[i];
+  return out;
+}
+
+// Windows of consecutive tensors in one buffer, packed as bytes_resident
+// (cost_model.h) counts them.
+class Packer {
+ public:
+  DeviceTensor next(Shape shape, DType dt) {
+    DeviceTensor t{DeviceBuffer{}, offset_, std::move(shape), dt};
+    offset_ += t.nbytes();
+    return t;
+  }
+  size_t bytes() const { return offset_; }
+
+ private:
+  size_t offset_ = 0;
+};
+
+}  // namespace
+
+// A resident expert's device memory: its weights, and with weight grads the
+// per-call gradient sums (moe/expert_math.h's rule, continued launch by launch).
+struct TieredExperts::Resident {
+  DeviceBuffer weights, sums;
+  DeviceTensor w13_FD, w2_DF, b13_F, b2_D;
+  DeviceTensor dw13_FD, dw2_DF, db13_F, db2_D;
+};
+
+TieredExperts::TieredExperts(GroupedExperts& experts, HostExperts& host, Device& device,
+                             TierWorkspace& workspace, std::vector<int64_t> buckets)
+    : experts_(&experts),
+      host_(&host),
+      device_(&device),
+      ws_(&workspace),
+      buckets_(std::move(buckets)),
+      resident_(size_t(experts.config().num_experts), 0),
+      state_(size_t(experts.config().num_experts)) {
+  TIERMOE_CHECK(!buckets_.empty() && buckets_.back() == experts.config().dw_row_block &&
+                    buckets_.back() <= workspace.max_rows(),
+                detail::str_of("the largest bucket must equal dw_row_block (",
+                               experts.config().dw_row_block, ") and fit the workspace (",
+                               workspace.max_rows(), " rows)"),
+                name(), "a launch is one weight-gradient block: build the ladder with bucket_ladder");
+}
+
+TieredExperts::~TieredExperts() {
+  for (auto& r : state_) {
+    if (!r) continue;
+    if (r->weights.valid()) device_->free(r->weights);
+    if (r->sums.valid()) device_->free(r->sums);
+  }
+}
+
+bool TieredExperts::device_capable() const {
+  return !experts_->has_output_postprocess() && !host_->adapted().any();
+}
+
+int64_t TieredExperts::resident_count() const {
+  int64_t n = 0;
+  for (uint8_t r : resident_) n += r;
+  return n;
+}
+
+size_t TieredExperts::device_bytes() const {
+  size_t n = 0;
+  for (const auto& r : state_) {
+    if (r) n += r->weights.bytes + r->sums.bytes;
+  }
+  return n;
+}
+
+size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool with_grads) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t E = cfg.num_experts, D = cfg.hidden, F = cfg.ffn;
+  TIERMOE_CHECK(int64_t(resident_E.size()) == E,
+                detail::str_of("a placement of ", resident_E.size(), " experts for ", E), name(),
+                "plan with this layer's expert count");
+  TIERMOE_CHECK(device_capable() ||
+                    std::none_of(resident_E.begin(), resident_E.end(), [](uint8_t r) { return r; }),
+                "these experts cannot run on the device (a LoRA adapter or a postprocess)", name(),
+                "keep them on the host (--placement host)");
+  const DType dt = experts_->dtype();
+  const DType gdt = experts_->grad_dtype();
+  size_t uploaded = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    auto& r = state_[size_t(e)];
+    const bool want = resident_E[size_t(e)];
+    if (!want) {
+      if (r) {
+        if (r->weights.valid()) device_->free(r->weights);
+        if (r->sums.valid()) device_->free(r->sums);
+        r.reset();
+      }
+      resident_[size_t(e)] = 0;
+      continue;
+    }
+    const std::string what = detail::str_of(experts_->name(), ".", e);
+    if (!r) {
+      auto fresh = std::make_unique<Resident>();
+      Packer p;
+      fresh->w13_FD = p.next({2 * F, D}, dt);
+      fresh->w2_DF = p.next({D, F}, dt);
+      if (cfg.bias) {
+        fresh->b13_F = p.next({2 * F}, dt);
+        fresh->b2_D = p.next({D}, dt);
+      }
+      fresh->weights = device_->alloc(p.bytes(), BufferUsage::weights, what + " weights");
+      for (DeviceTensor* t : {&fresh->w13_FD, &fresh->w2_DF, &fresh->b13_F, &fresh->b2_D}) {
+        t->buffer = fresh->weights;
+      }
+      const ExpertWeights w = experts_->weights(e);
+      upload_tensor(*device_, fresh->w13_FD, w.w13_FD);
+      upload_tensor(*device_, fresh->w2_DF, w.w2_DF);
+      if (cfg.bias) {
+        upload_tensor(*device_, fresh->b13_F, w.b13_F);
+        upload_tensor(*device_, fresh->b2_D, w.b2_D);
+      }
+      uploaded += p.bytes();
+      r = std::move(fresh);
+      resident_[size_t(e)] = 1;
+    }
+    if (with_grads && !r->sums.valid()) {
+      Packer p;
+      r->dw13_FD = p.next({2 * F, D}, gdt);
+      r->dw2_DF = p.next({D, F}, gdt);
+      if (cfg.bias) {
+        r->db13_F = p.next({2 * F}, gdt);
+        r->db2_D = p.next({D}, gdt);
+      }
+      r->sums = device_->alloc(p.bytes(), BufferUsage::grads, what + " gradient sums");
+      for (DeviceTensor* t : {&r->dw13_FD, &r->dw2_DF, &r->db13_F, &r->db2_D}) t->buffer = r->sums;
+    } else if (!with_grads && r->sums.valid()) {
+      device_->free(r->sums);
+    }
+  }
+  device_->sync();
+  return uploaded;
+}
+
+size_t TieredExperts::upload_weights() {
+  size_t bytes = 0;
+  for (int64_t e = 0; e < num_experts(); ++e) {
+    const auto& r = state_[size_t(e)];
+    if (!r) continue;
+    const ExpertWeights w = experts_->weights(e);
+    upload_tensor(*device_, r->w13_FD, w.w13_FD);
+    upload_tensor(*device_, r->w2_DF, w.w2_DF);
+    if (experts_->config().bias) {
+      upload_tensor(*device_, r->b13_F, w.b13_F);
+      upload_tensor(*device_, r->b2_D, w.b2_D);
+    }
+    bytes += r->weights.bytes;
+  }
+  device_->sync();
+  return bytes;
+}
+
+TierLayerStats TieredExperts::take_stats() {
+  TierLayerStats s = stats_;
+  stats_ = {};
+  return s;
+}
+
+std::vector<uint8_t> TieredExperts::device_experts(const std::vector<int64_t>& offset_E) const {
+  if (host_only_ || !device_capable()) return {};
+  std::vector<uint8_t> on(resident_.size(), 0);
+  bool any = false;
+  for (size_t e = 0; e < on.size(); ++e) {
+    const int64_t rows = offset_E[e + 1] - offset_E[e];
+    on[e] = resident_[e] && rows > 0 && rows >= min_device_rows_;
+    any = any || on[e];
+  }
+  if (!any) on.clear();
+  return on;
+}
+
+GraphKey TieredExperts::key(GraphKind kind, int64_t G, bool absorb) const {
+  const ExpertsConfig& cfg = experts_->config();
+  GraphKey k{kind, cfg.hidden, cfg.ffn, G, experts_->dtype(), cfg.activation, absorb, cfg.bias};
+  if (cfg.activation == ExpertActivation::gpt_oss) k.gpt_oss = cfg.gpt_oss;
+  return k;
+}
+
+void TieredExperts::stage_rows(const DeviceTensor& slot, const Tensor& rows) {
+  upload_tensor(*device_, slot, rows);
+  if (rows.nbytes() < slot.nbytes()) {
+    device_->zero(slot.buffer, slot.offset + rows.nbytes(), slot.nbytes() - rows.nbytes());
+  }
+}
+
+void TieredExperts::run_host(const std::function<void()>& fn) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int before = num_threads();
+  if (host_threads_ > 0) set_num_threads(host_threads_);
+  try {
+    fn();
+  } catch (...) {
+    set_num_threads(before);
+    throw;
+  }
+  set_num_threads(before);
+  stats_.host_s += seconds_since(t0);
+}
+
+bool TieredExperts::sync_device() {
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    device_->sync();
+  } catch (const DeviceError&) {
+    // The device's share of this call is redone on the host; the layer stays
+    // there until the next step.
+    host_only_ = true;
+    ++stats_.faults;
+    stats_.wait_s += seconds_since(t0);
+    return false;
+  }
+  stats_.wait_s += seconds_since(t0);
+  return true;
+}
+
+void TieredExperts::begin_counters() { before_ = device_->counters(); }
+
+void TieredExperts::end_counters() {
+  const DeviceCounters now = device_->counters();
+  stats_.device_calls += now.launches - before_.launches;
+  stats_.bytes_up += now.bytes_up - before_.bytes_up;
+  stats_.bytes_down += now.bytes_down - before_.bytes_down;
+  stats_.device_s += now.busy_s - before_.busy_s;
+  stats_.transfer_s += now.transfer_s - before_.transfer_s;
+}
+
+void TieredExperts::enqueue_forward(int64_t e, Tensor* y_ND, Tensor* h_N2F, Tensor* a_NF,
+                                    const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                                    const Tensor& score_N) {
+  const Resident& r = *state_[size_t(e)];
+  const bool absorb = score_N.defined(), bias = experts_->config().bias;
+  const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1], Gmax = buckets_.back();
+  for (int64_t c = b; c < end; c += Gmax) {
+    const int64_t m = std::min(Gmax, end - c), G = bucket_for(buckets_, m);
+    const Graph& graph = device_->compile(key(GraphKind::expert_fwd, G, absorb));
+    const DeviceTensor x = ws_->slot("x_GD", G), y = ws_->slot("y_GD", G),
+                       h = ws_->slot("h_G2F", G), a = ws_->slot("a_GF", G);
+    stage_rows(x, x_ND.rows(c, c + m));
+    GraphArgs args;
+    args.set("x_GD", x).set("w13_FD", r.w13_FD).set("w2_DF", r.w2_DF);
+    args.set("y_GD", y).set("h_G2F", h).set("a_GF", a);
+    if (absorb) {
+      const DeviceTensor s = ws_->slot("score_G", G);
+      stage_rows(s, score_N.rows(c, c + m));
+      args.set("score_G", s);
+    }
+    if (bias) args.set("b13_F", r.b13_F).set("b2_D", r.b2_D);
+    device_->launch(graph, std::move(args));
+    auto fetch = [&](Tensor* dst, const DeviceTensor& src) {
+      if (!dst) return;
+      Tensor rows = dst->rows(c, c + m);
+      download_tensor(*device_, rows, src);
+    };
+    fetch(y_ND, y);
+    fetch(h_N2F, h);
+    fetch(a_NF, a);
+    stats_.padded_rows += G - m;
+  }
+}
+
+void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
+                                     const Tensor& dy_ND, const std::vector<int64_t>& offset_E,
+                                     const Tensor& score_N, const SavedTensors& saved,
+                                     ExpertGrads* sums_host) {
+  const Resident& r = *state_[size_t(e)];
+  const bool absorb = score_N.defined(), bias = experts_->config().bias;
+  const GraphKind kind = sums_host ? GraphKind::expert_bwd_dx_dw : GraphKind::expert_bwd_dx;
+  const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1], Gmax = buckets_.back();
+  for (int64_t c = b; c < end; c += Gmax) {
+    const int64_t m = std::min(Gmax, end - c), G = bucket_for(buckets_, m);
+    const Graph& graph = device_->compile(key(kind, G, absorb));
+    const DeviceTensor dy = ws_->slot("y_GD", G), h = ws_->slot("h_G2F", G),
+                       dx = ws_->slot("dx_GD", G);
+    stage_rows(dy, dy_ND.rows(c, c + m));
+    stage_rows(h, saved.get("h_N2F").rows(c, c + m));
+    GraphArgs args;
+    args.set("dy_GD", dy).set("h_G2F", h).set("w13_FD", r.w13_FD).set("w2_DF", r.w2_DF);
+    args.set("dx_GD", dx);
+    if (absorb || sums_host) {
+      const DeviceTensor a = ws_->slot("a_GF", G);
+      stage_rows(a, saved.get("a_NF").rows(c, c + m));
+      args.set("a_GF", a);
+    }
+    if (absorb) {
+      const DeviceTensor s = ws_->slot("score_G", G);
+      stage_rows(s, score_N.rows(c, c + m));
+      args.set("score_G", s).set("dscore_G", ws_->slot("dscore_G", G));
+    }
+    if (bias) args.set("b13_F", r.b13_F).set("b2_D", r.b2_D);
+    if (sums_host) {
+      const DeviceTensor x = ws_->slot("x_GD", G);
+      stage_rows(x, saved.get("x_ND").rows(c, c + m));
+      args.set("x_GD", x).set("dw13_FD", r.dw13_FD).set("dw2_DF", r.dw2_DF);
+      if (bias) args.set("db13_F", r.db13_F).set("db2_D", r.db2_D);
+      args.ints["sum_started"] = c > b;
+    }
+    device_->launch(graph, std::move(args));
+    Tensor dx_rows = dx_ND.rows(c, c + m);
+    download_tensor(*device_, dx_rows, dx);
+    if (absorb) {
+      Tensor ds_rows = dscore_N.rows(c, c + m);
+      download_tensor(*device_, ds_rows, ws_->slot("dscore_G", G));
+    }
+    stats_.padded_rows += G - m;
+  }
+  if (sums_host) {
+    download_tensor(*device_, sums_host->dw13_FD, r.dw13_FD);
+    download_tensor(*device_, sums_host->dw2_DF, r.dw2_DF);
+    if (bias) {
+      download_tensor(*device_, sums_host->db13_F, r.db13_F);
+      download_tensor(*device_, sums_host->db2_D, r.db2_D);
+    }
+  }
+}
+
+void TieredExperts::forward(Tensor& y_ND, const Tensor& x_ND,
+                            const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                            SavedTensors& saved, const ExpertSaves& keep) {
+  host_->check_forward(y_ND, x_ND, offset_E, score_N);
+  if (observe_) {
+    std::vector<int64_t> count_E(static_cast<size_t>(num_experts()));
+    for (size_t e = 0; e < count_E.size(); ++e) count_E[e] = offset_E[e + 1] - offset_E[e];
+    observe_(count_E);
+  }
+  ExpertRowsActs all = host_->forward_buffers(saved, x_ND, keep);
+  stats_.rows += x_ND.size(0);
+  const std::vector<uint8_t> dev = device_experts(offset_E);
+  if (dev.empty()) {
+    host_->forward_experts(y_ND, all, x_ND, offset_E, score_N, {});
+    return;
+  }
+  begin_counters();
+  for (int64_t e = 0; e < num_experts(); ++e) {
+    if (!dev[size_t(e)]) continue;
+    enqueue_forward(e, &y_ND, keep.h ? &all.h_M2F : nullptr, keep.a ? &all.a_MF : nullptr, x_ND,
+                    offset_E, score_N);
+  }
+  run_host([&] { host_->forward_experts(y_ND, all, x_ND, offset_E, score_N, dev); });
+  if (sync_device()) {
+    for (size_t e = 0; e < dev.size(); ++e) {
+      if (dev[e]) stats_.device_rows += offset_E[e + 1] - offset_E[e];
+    }
+  } else {
+    host_->forward_experts(y_ND, all, x_ND, offset_E, score_N, complement(dev));
+  }
+  end_counters();
+}
+
+void TieredExperts::replay(SavedTensors& saved, const Tensor& x_ND,
+                           const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                           const ExpertStages& stages) {
+  const std::vector<uint8_t> dev = stages.w13 ? device_experts(offset_E) : std::vector<uint8_t>{};
+  if (dev.empty()) {
+    // An activation-only replay is elementwise: not worth a round trip.
+    host_->replay(saved, x_ND, offset_E, score_N, stages);
+    return;
+  }
+  host_->replay_buffers(saved, x_ND, offset_E, stages);
+  Tensor h_N2F = saved.get("h_N2F");
+  Tensor a_NF = stages.act ? saved.get("a_NF") : Tensor();
+  begin_counters();
+  for (int64_t e = 0; e < num_experts(); ++e) {
+    if (!dev[size_t(e)]) continue;
+    enqueue_forward(e, nullptr, &h_N2F, stages.act ? &a_NF : nullptr, x_ND, offset_E, score_N);
+  }
+  run_host([&] { host_->replay_experts(saved, x_ND, offset_E, score_N, stages, dev); });
+  if (!sync_device()) {
+    host_->replay_experts(saved, x_ND, offset_E, score_N, stages, complement(dev));
+  }
+  end_counters();
+}
+
+void TieredExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_ND,
+                             const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                             const SavedTensors& saved, bool weight_grads, bool adapter_grads) {
+  host_->check_backward(dx_ND, dscore_N, dy_ND, offset_E, score_N);
+  std::vector<uint8_t> dev = device_experts(offset_E);
+  if (weight_grads) {
+    experts_->allocate_grads();
+    // Experts made resident for dx only (LoRA placement) have no sums.
+    for (size_t e = 0; e < dev.size(); ++e) dev[e] = dev[e] && state_[e]->sums.valid();
+    if (std::none_of(dev.begin(), dev.end(), [](uint8_t d) { return d; })) dev.clear();
+  }
+  if (dev.empty()) {
+    host_->backward_experts(dx_ND, dscore_N, dy_ND, offset_E, score_N, saved, weight_grads,
+                            adapter_grads, {});
+    return;
+  }
+  const ExpertsConfig& cfg = experts_->config();
+  std::vector<ExpertGrads> sums(dev.size());
+  begin_counters();
+  for (int64_t e = 0; e < num_experts(); ++e) {
+    if (!dev[size_t(e)]) continue;
+    ExpertGrads* s = nullptr;
+    if (weight_grads) {
+      sums[size_t(e)] = ExpertGrads::zeros(cfg, experts_->grad_dtype());
+      s = &sums[size_t(e)];
+    }
+    enqueue_backward(e, dx_ND, dscore_N, dy_ND, offset_E, score_N, saved, s);
+  }
+  run_host([&] {
+    host_->backward_experts(dx_ND, dscore_N, dy_ND, offset_E, score_N, saved, weight_grads,
+                            adapter_grads, dev);
+  });
+  if (sync_device()) {
+    // The device's sums join the accumulated grads with the host's one add.
+    for (size_t e = 0; e < dev.size(); ++e) {
+      if (dev[e] && weight_grads) experts_->grads(int64_t(e)).add(sums[e]);
+    }
+  } else {
+    host_->backward_experts(dx_ND, dscore_N, dy_ND, offset_E, score_N, saved, weight_grads,
+                            adapter_grads, complement(dev));
+  }
+  end_counters();
+}
+
+}  // namespace tiermoe
