@@ -41,6 +41,7 @@
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/weight.h"
 #include "tiermoe/remat/policy.h"
+#include "tiermoe/tier/device_tier.h"
 
 namespace tiermoe {
 
@@ -104,6 +105,15 @@ class CausalLM {
   const RematPolicy& remat_policy() const { return remat_; }
   AbsorbScores absorb_scores() const { return absorb_; }
 
+  // ---- The device tier (tier/device_tier.h)
+  // Runs every MoE layer's experts through `tier` (not owned; it must outlive
+  // the model's use of it): the i-th MoE layer in model order is the tier's
+  // layer i. Results do not change, only where rows are computed.
+  void attach_device_tier(DeviceTier& tier);
+  DeviceTier* device_tier() { return tier_; }
+  const DeviceTier* device_tier() const { return tier_; }
+  int64_t num_moe_layers() const;
+
   // ---- LoRA (lora.h)
   // Freezes every base parameter (no base grads are held; experts run a
   // dx-only backward unless adapted) and attaches adapters to the targeted
@@ -149,6 +159,7 @@ class CausalLM {
   RematPolicy remat_;
   AbsorbScores absorb_ = AbsorbScores::automatic;
   std::optional<LoraConfig> lora_;
+  DeviceTier* tier_ = nullptr;
 
   // The last forward, kept for backward.
   int64_t B_ = 0, T_ = 0;

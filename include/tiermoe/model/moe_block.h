@@ -41,6 +41,9 @@ class MoeBlock {
   Router& router() { return router_; }
   GroupedExperts& experts() { return experts_; }
   MoeLayer& layer() { return layer_; }
+  HostExperts& host_executor() { return executor_; }
+  // Runs the experts on `executor` (e.g. the device tier's) from the next forward.
+  void set_executor(ExpertExecutor& executor) { layer_.set_experts(executor); }
   void set_moe_options(AbsorbScores absorb, const MoeRegionKeep& keep);
   // Per-expert LoRA on the projections `config` names among gate_proj,
   // up_proj and down_proj (none named: nothing happens), initialised from

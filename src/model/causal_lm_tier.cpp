@@ -1,0 +1,27 @@
+#include "tiermoe/model/causal_lm.h"
+
+namespace tiermoe {
+
+int64_t CausalLM::num_moe_layers() const {
+  int64_t n = 0;
+  for (const auto& l : layers_) n += l->is_moe();
+  return n;
+}
+
+void CausalLM::attach_device_tier(DeviceTier& tier) {
+  TIERMOE_CHECK(!tier_, "a device tier is attached already", "CausalLM",
+                "attach one tier per model");
+  TIERMOE_CHECK(tier.profile().layers() == num_moe_layers(),
+                detail::str_of("the device tier has ", tier.profile().layers(),
+                               " layers, the model ", num_moe_layers(), " MoE layers"),
+                "CausalLM", "build the tier from this model's config");
+  int64_t i = 0;
+  for (auto& l : layers_) {
+    MoeBlock* moe = l->moe();
+    if (!moe) continue;
+    moe->set_executor(tier.attach(i++, moe->experts(), moe->host_executor()));
+  }
+  tier_ = &tier;
+}
+
+}  // namespace tiermoe
