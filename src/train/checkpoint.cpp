@@ -163,6 +163,10 @@ std::string save_train_checkpoint(const std::string& out_dir, const CausalLM& mo
     save_safetensors((fs::path(tmp) / kOptimizerStateFile).string(),
                      trainer.optimizer().state_tensors());
     write_text(fs::path(tmp) / kTrainerStateFile, j.dump(1) + "\n");
+    // The routing profile: a resumed run places experts from it at once.
+    if (const DeviceTier* tier = model.device_tier()) {
+      tier->profile().save((fs::path(tmp) / kRoutingProfileFile).string());
+    }
   });
   return dir;
 }
@@ -193,6 +197,8 @@ TrainCheckpoint read_train_checkpoint(const std::string& dir) {
   }
   const SafetensorsFile f = SafetensorsFile::open((fs::path(dir) / kOptimizerStateFile).string());
   for (const SafetensorsEntry& e : f.entries()) ck.optimizer.emplace_back(e.name, f.view(e.name));
+  const fs::path profile = fs::path(dir) / kRoutingProfileFile;
+  if (fs::exists(profile)) ck.profile = RoutingProfile::load(profile.string());
   return ck;
 }
 

@@ -24,8 +24,46 @@ json bytes_by_tag(const std::array<size_t, kNumMemTags>& bytes) {
   return j;
 }
 
+json tier_totals_json(const TierLayerStats& t) {
+  // Padding waste: zero rows the buckets added, of all rows the device ran.
+  const double launched = double(t.device_rows) * 2 + double(t.padded_rows);
+  return {{"hot_fraction", t.hot_fraction()},
+          {"rows", t.rows},
+          {"device_rows", t.device_rows},
+          {"device_calls", t.device_calls},
+          {"padded_rows", t.padded_rows},
+          {"padding_waste", launched > 0 ? double(t.padded_rows) / launched : 0.0},
+          {"bytes_up", t.bytes_up},
+          {"bytes_down", t.bytes_down},
+          {"host_s", t.host_s},
+          {"wait_s", t.wait_s},
+          {"device_s", t.device_s},
+          {"transfer_s", t.transfer_s},
+          {"faults", t.faults}};
+}
+
+json tier_step_json(const TierStepStats& s) {
+  json j = tier_totals_json(s.total);
+  j["bytes_up"] = s.total.bytes_up + s.bytes_moved + s.bytes_synced;
+  j["drift"] = s.drift;
+  j["resident"] = s.resident;
+  j["replacements"] = s.replacements;
+  j["moved_in"] = s.moved_in;
+  j["moved_out"] = s.moved_out;
+  j["bytes_moved"] = s.bytes_moved;
+  j["move_s"] = s.move_s;
+  j["bytes_synced"] = s.bytes_synced;
+  j["sync_s"] = s.sync_s;
+  j["predicted_step_s"] = s.predicted_step_s;
+  j["faults"] = s.faults;
+  json layers = json::array();
+  for (const TierLayerStats& l : s.layers) layers.push_back(tier_totals_json(l));
+  j["layers"] = std::move(layers);
+  return j;
+}
+
 json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
-  return {
+  json j = {
       {"step", s.step},
       {"loss", s.loss},
       {"ce", s.ce},
@@ -36,6 +74,8 @@ json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
       {"tokens_per_s", s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0},
       {"step_time_s", s.seconds},
       {"memory_bytes", {{"live", bytes_by_tag(memory.live)}, {"peak", bytes_by_tag(memory.peak)}}}};
+  if (s.tier) j["tier"] = tier_step_json(*s.tier);
+  return j;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)

@@ -113,11 +113,16 @@ StepStats Trainer::step() {
   TIERMOE_CHECK(!finished(), str_of("the run has done all its ", options_.steps, " steps"),
                 "trainer", "raise --steps to train further");
   const auto start = std::chrono::steady_clock::now();
+  DeviceTier* tier = model_.device_tier();
+  if (tier) tier->begin_step();
   StepStats s = accumulate_gradients();
   s.grad_norm = options_.max_grad_norm > 0 ? clip_grad_norm(params_, options_.max_grad_norm)
                                            : global_grad_norm(params_);
   s.lr = schedule_.lr(step_);
   optimizer_->step(s.lr);
+  // Between steps: updated expert weights go back to the device, the
+  // routing profile advances and the placement may change.
+  if (tier) s.tier = tier->end_step(/*weights_changed=*/true);
   ++step_;
   s.step = step_;
   losses_.push_back(s.loss);

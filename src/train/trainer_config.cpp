@@ -15,6 +15,7 @@ using nlohmann::json;
 
 void TrainConfig::validate() const {
   trainer.validate();
+  tier.validate();
   RematPolicy::parse(remat, "--remat");
   parse_absorb_scores(absorb, "--absorb-scores");
   if (lora) lora->validate("--lora-rank/--lora-alpha/--lora-targets");

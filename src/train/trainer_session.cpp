@@ -27,6 +27,12 @@ json TrainSummary::to_json() const {
   if (unigram_entropy) j["unigram_entropy"] = *unigram_entropy;
   if (!last_checkpoint.empty()) j["checkpoint"] = last_checkpoint;
   if (!final_export.empty()) j["export"] = final_export;
+  if (!tier.is_null()) {
+    // DESIGN.md's keys at the top level, the whole breakdown under "tier".
+    for (const char* k : {"hot_fraction", "device_calls", "bytes_up", "bytes_down", "replacements"})
+      j[k] = tier.at(k);
+    j["tier"] = tier;
+  }
   return j;
 }
 
@@ -79,6 +85,11 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   CausalLM model = ck ? resume_model(*ck) : build_model(config);
   std::unique_ptr<MarkovCorpus> corpus;
   const TokenWindows data = build_data(config, model.config().vocab_size, &corpus);
+  std::unique_ptr<TierSession> tier;
+  if (config.tier.enabled()) {
+    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log,
+                                         ck ? ck->profile : std::nullopt);
+  }
   Trainer trainer(model, data, config.trainer);
   if (ck) trainer.restore(ck->state, ck->optimizer);
 
@@ -131,6 +142,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
       const StepStats s = trainer.step();
       step_times.push_back(s.seconds);
       tokens_run += s.tokens;
+      if (tier && s.tier) tier->record(*s.tier);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (metrics) metrics->write(s, memory_snapshot());
@@ -163,6 +175,10 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   out.tokens_per_s = out.seconds > 0 ? double(tokens_run) / out.seconds : 0.0;
   out.step_time_s = median(step_times);
   out.memory_peak = memory_snapshot().peak;
+  if (tier) {
+    out.tier = tier->summary_json();
+    tier->finish(log);
+  }
   if (log) {
     *log << "train: " << step_times.size() << " steps in " << format_duration(out.seconds) << " ("
          << str_of(out.seconds) << " s), loss " << format_loss(out.final_loss, out.loss_floor)
@@ -170,6 +186,14 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     if (!out.last_checkpoint.empty()) *log << ", checkpoint " << out.last_checkpoint;
     if (!out.final_export.empty()) *log << ", exported " << out.final_export;
     *log << "\n";
+    if (tier) {
+      *log << str_of("tier: hot fraction ", out.tier.at("hot_fraction").get<double>(), ", ",
+                     out.tier.at("device_calls").get<int64_t>(), " device calls, ",
+                     out.tier.at("bytes_up").get<size_t>(), " bytes up, ",
+                     out.tier.at("bytes_down").get<size_t>(), " down, ",
+                     out.tier.at("replacements").get<int64_t>(), " re-placements, ",
+                     out.tier.at("resident").get<int64_t>(), " experts resident\n");
+    }
   }
   return out;
 }

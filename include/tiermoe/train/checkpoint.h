@@ -15,6 +15,7 @@
 //                                     config, losses so far
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "tiermoe/model/causal_lm.h"
@@ -26,6 +27,7 @@ namespace tiermoe {
 
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 inline constexpr const char* kOptimizerStateFile = "optimizer.safetensors";
+inline constexpr const char* kRoutingProfileFile = "routing_profile.json";
 
 std::string checkpoint_dir_name(int64_t step);  // "checkpoint-<step>"
 
@@ -52,6 +54,7 @@ struct TrainCheckpoint {
   TrainConfig config;
   TrainerState state;
   OptimizerState optimizer;
+  std::optional<RoutingProfile> profile;  // written by runs with a device tier
 };
 TrainCheckpoint read_train_checkpoint(const std::string& dir);
 // Only the run config recorded in a checkpoint (cheap: no tensors).

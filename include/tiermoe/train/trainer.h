@@ -20,6 +20,7 @@
 // losses); restoring the three continues bitwise identically.
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -64,6 +65,7 @@ struct StepStats {
   double grad_norm = 0;  // pre-clip global norm
   int64_t tokens = 0;    // tokens this step processed (B * L * grad_accum)
   double seconds = 0;    // wall time of the step
+  std::optional<TierStepStats> tier;  // with a device tier: what it did this step
 };
 
 // What a checkpoint stores besides weights and optimizer state.

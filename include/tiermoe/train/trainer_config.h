@@ -17,6 +17,7 @@
 #include "tiermoe/model/lora.h"
 #include "tiermoe/train/data.h"
 #include "tiermoe/train/markov_corpus.h"
+#include "tiermoe/train/tier_session.h"
 #include "tiermoe/train/trainer.h"
 
 namespace tiermoe {
@@ -41,6 +42,8 @@ struct TrainConfig {
   std::string absorb = "auto";  // AbsorbScores text
 
   TrainerOptions trainer;
+  // Where the experts run (not recorded in checkpoints: see tier_session.h).
+  TierRunConfig tier;
 
   // Checks every field that can be checked without reading files (the remat
   // policy, absorb mode, LoRA config, trainer options); throws naming the flag.

@@ -12,7 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
-#include <nlohmann/json_fwd.hpp>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
 #include <string>
@@ -46,6 +46,7 @@ struct TrainSummary {
   std::optional<double> unigram_entropy;  // built-in corpus: the context-free loss
   std::string last_checkpoint;            // empty when none was written
   std::string final_export;               // DIR/final or DIR/adapter; empty when not written
+  nlohmann::json tier;                    // the device tier's totals; null without one
 
   nlohmann::json to_json() const;
 };

@@ -1,0 +1,67 @@
+#pragma once
+// The device tier of a training run (`tiermoe train --device cpu
+// --device-memory BYTES --placement auto|host|device`): the device, the
+// start-up cost measurements, and the DeviceTier attached to the model.
+// Placement changes where rows are computed, never the results, so the
+// checkpoint's recorded run config leaves these settings out: a run may
+// resume with another device or none.
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "tiermoe/model/causal_lm.h"
+#include "tiermoe/tier/cost_model.h"
+#include "tiermoe/tier/device_tier.h"
+
+namespace tiermoe {
+
+struct TierRunConfig {
+  std::string device = "none";  // none | cpu | cuda
+  uint64_t device_memory = 0;   // the device tier's budget; required with a device
+  std::string placement = "auto";
+  int device_threads = 0;       // CPU device kernel threads (0: half the cores, at least 1)
+  int64_t horizon_steps = 50;   // a re-plan must pay for itself within this many steps
+  double min_gain = 0.05;       // ... and gain this fraction of the step (hysteresis)
+  double profile_decay = 0.9;
+  bool replan = true;
+  std::string profile_in;   // plan the first step from this routing profile
+  std::string profile_out;  // write the routing profile here at the end
+  // Rates to plan with instead of measuring at start-up (deterministic plans
+  // in tests; the bucket ladder is always 16 .. dw_row_block).
+  std::optional<CostModel> cost;
+
+  bool enabled() const { return device != "none"; }
+  void validate() const;  // names the flag
+};
+
+class TierSession {
+ public:
+  // Builds the device and the tier for `model` (full_ft: the experts train)
+  // and attaches it; measures the cost model unless the config gives one.
+  // `profile` (a resumed checkpoint's) wins over config.profile_in.
+  TierSession(const TierRunConfig& config, CausalLM& model, bool full_ft, std::ostream* log,
+              std::optional<RoutingProfile> profile = std::nullopt);
+  ~TierSession();
+
+  DeviceTier& tier() { return *tier_; }
+  Device& device() { return *device_; }
+  // Every step's stats, for the run summary.
+  void record(const TierStepStats& s) { steps_.push_back(s); }
+  // The run's totals for the --json summary (DESIGN.md's keys: hot_fraction,
+  // device_calls, bytes_up, bytes_down, replacements, and the time split).
+  nlohmann::json summary_json() const;
+  // Writes --profile-out (if given).
+  void finish(std::ostream* log) const;
+
+ private:
+  TierRunConfig config_;
+  std::unique_ptr<Device> device_;
+  std::unique_ptr<DeviceTier> tier_;
+  std::vector<TierStepStats> steps_;
+};
+
+}  // namespace tiermoe

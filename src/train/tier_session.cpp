@@ -1,0 +1,141 @@
+#include "tiermoe/train/tier_session.h"
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+
+#include "tiermoe/core/error.h"
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/tier/cpu_device.h"
+#include "tiermoe/train/metrics.h"
+
+namespace tiermoe {
+
+using detail::str_of;
+using nlohmann::json;
+
+void TierRunConfig::validate() const {
+  TIERMOE_CHECK(device == "none" || device == "cpu" || device == "cuda",
+                "unknown --device '" + device + "'", "--device", "use cpu, cuda or none");
+  TIERMOE_CHECK(device != "cuda", "this build has no CUDA device backend", "--device cuda",
+                "run the device tier on the CPU backend (--device cpu) or without one");
+  parse_placement_mode(placement, "--placement");
+  if (!enabled()) return;
+  TIERMOE_CHECK(device_memory > 0, "--device needs --device-memory", "--device-memory",
+                "give the device tier's budget, e.g. --device-memory 2GiB");
+  TIERMOE_CHECK(device_threads >= 0, "--device-threads must be >= 0", "--device-threads",
+                "0 takes half the cores");
+  TIERMOE_CHECK(horizon_steps >= 1 && min_gain >= 0 && profile_decay >= 0 && profile_decay < 1,
+                str_of("re-plan settings out of range: horizon ", horizon_steps, ", min gain ",
+                       min_gain, ", profile decay ", profile_decay),
+                "--replan-horizon/--replan-min-gain/--profile-decay",
+                "horizon >= 1, min gain >= 0, 0 <= decay < 1");
+}
+
+namespace {
+
+ExpertShape expert_shape(const CausalLM& model) {
+  const ModelConfig& c = model.config();
+  ExpertShape s;
+  s.D = c.hidden_size;
+  s.F = c.moe_intermediate_size;
+  s.dtype = model.dtype();
+  s.activation = ExpertActivation::swiglu;
+  s.absorb = model.absorb_scores() != AbsorbScores::off;
+  return s;
+}
+
+}  // namespace
+
+TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full_ft,
+                         std::ostream* log, std::optional<RoutingProfile> profile)
+    : config_(config) {
+  config_.validate();
+  const ExpertShape shape = expert_shape(model);
+  const TrainMode mode = full_ft ? TrainMode::full : TrainMode::lora;
+  const int cores = default_num_threads();
+  const int device_threads = config_.device_threads > 0 ? config_.device_threads
+                                                        : std::max(1, cores / 2);
+  // The CPU device shares the cores: the host gives it its threads while both run.
+  const int host_threads = std::max(1, cores - device_threads);
+  device_ = std::make_unique<CpuDevice>(
+      CpuDeviceConfig{.memory_bytes = size_t(config_.device_memory), .threads = device_threads});
+
+  CostModel cost;
+  if (config_.cost) {
+    cost = *config_.cost;
+  } else {
+    cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
+    cost.host_flops_per_s = measure_host(shape, mode, host_threads);
+    // Measured on a device of its own, so the tier's budget is untouched.
+    CpuDevice probe(CpuDeviceConfig{.memory_bytes = measure_device_bytes(shape, mode, cost.buckets),
+                                    .threads = device_threads});
+    const DeviceRates r = measure_device(probe, shape, mode, cost.buckets);
+    cost.device_flops_per_s = r.flops_per_s;
+    cost.link_bytes_per_s = r.link_bytes_per_s;
+    cost.launch_s = r.launch_s;
+  }
+  if (log) {
+    *log << str_of("tier: cpu device, ", device_threads, " kernel thread(s) (host keeps ",
+                   host_threads, " while it runs), budget ", config_.device_memory, " bytes\n",
+                   "tier: cost model", config_.cost ? " (given)" : " (measured)", ": host ",
+                   cost.host_flops_per_s / 1e9, " GFLOP/s, device ",
+                   cost.device_flops_per_s / 1e9, " GFLOP/s, link ",
+                   cost.link_bytes_per_s / 1e9, " GB/s, launch ", cost.launch_s * 1e6, " us\n");
+  }
+
+  DeviceTierConfig tc;
+  tc.planner.budget_bytes = size_t(config_.device_memory);
+  tc.planner.mode = parse_placement_mode(config_.placement, "--placement");
+  tc.planner.train = mode;
+  tc.planner.horizon_steps = config_.horizon_steps;
+  tc.planner.min_gain = config_.min_gain;
+  tc.cost = cost;
+  tc.profile_decay = config_.profile_decay;
+  tc.host_threads = host_threads;
+  tc.replan = config_.replan;
+  if (!profile && !config_.profile_in.empty()) profile = RoutingProfile::load(config_.profile_in);
+  tier_ = std::make_unique<DeviceTier>(*device_, tc, shape, model.num_moe_layers(),
+                                       model.config().num_experts, std::move(profile));
+  model.attach_device_tier(*tier_);
+}
+
+TierSession::~TierSession() {
+  tier_.reset();  // frees its device memory before the device goes
+}
+
+json TierSession::summary_json() const {
+  TierLayerStats total;
+  int64_t replacements = 0, faults = 0;
+  size_t moved = 0, synced = 0;
+  double move_s = 0, sync_s = 0;
+  for (const TierStepStats& s : steps_) {
+    total.add(s.total);
+    replacements += s.replacements;
+    faults += s.faults;
+    moved += s.bytes_moved;
+    synced += s.bytes_synced;
+    move_s += s.move_s;
+    sync_s += s.sync_s;
+  }
+  json j = tier_totals_json(total);
+  j["bytes_up"] = total.bytes_up + moved + synced;  // activations, placement moves, weight syncs
+  j["replacements"] = replacements;
+  j["faults"] = faults;
+  j["bytes_moved"] = moved;
+  j["move_s"] = move_s;
+  j["bytes_synced"] = synced;
+  j["sync_s"] = sync_s;
+  j["resident"] = tier_->placement().count();
+  j["device"] = device_->name();
+  j["placement"] = config_.placement;
+  j["device_memory"] = config_.device_memory;
+  return j;
+}
+
+void TierSession::finish(std::ostream* log) const {
+  if (config_.profile_out.empty()) return;
+  tier_->profile().save(config_.profile_out);
+  if (log) *log << "tier: routing profile written to " << config_.profile_out << "\n";
+}
+
+}  // namespace tiermoe
