@@ -166,11 +166,10 @@ void print_report(std::ostream& os, const PlanOptions& o, const ModelConfig& c,
   const CostModel& k = r.cost;
   os << "rates: host " << fixed(k.host_flops_per_s / 1e12, 3) << " TFLOP/s ("
      << origin(r.host_measured) << ", " << threads(r.host_threads) << "; all-host baseline "
-     << fixed(r.all_host_flops_per_s / 1e12, 3) << "), device " << fixed(k.device_flops_per_s / 1e12, 3)
-     << " TFLOP/s (" << origin(r.device_measured) << "), link "
-     << fixed(k.link_bytes_per_s / 1e9, 2) << " GB/s (" << origin(r.link_measured)
-     << "), launch " << fixed(k.launch_s * 1e6, 1) << " us (" << origin(r.launch_measured)
-     << ")\n";
+     << fixed(r.all_host_flops_per_s / 1e12, 3) << "), device "
+     << fixed(k.device_flops_per_s / 1e12, 3) << " TFLOP/s (" << origin(r.device_measured)
+     << "), link " << fixed(k.link_bytes_per_s / 1e9, 2) << " GB/s (" << origin(r.link_measured)
+     << "), launch " << fixed(k.launch_s * 1e6, 1) << " us (" << origin(r.launch_measured) << ")\n";
   os << "layer  resident  hot      host ms  device ms  transfer ms  makespan ms\n";
   for (size_t l = 0; l < pred.layers.size(); ++l) {
     const LayerPrediction& q = pred.layers[l];
@@ -191,14 +190,14 @@ void print_report(std::ostream& os, const PlanOptions& o, const ModelConfig& c,
      << p.count() << " x " << human_bytes(bytes_resident(shape, planner.config().train))
      << " per expert)\n";
   if (planner.capacity() == 0) {
-    os << "note: the budget holds no expert; one needs "
-       << human_bytes(planner.bytes_for(1)) << "\n";
+    os << "note: the budget holds no expert; one needs " << human_bytes(planner.bytes_for(1))
+       << "\n";
   }
 }
 
-Json to_json(const PlanOptions& o, const ModelConfig& c, const ExpertShape& shape,
-             const Rates& r, const PlacementPlanner& planner, const RoutingProfile& profile,
-             const Placement& p, const PlanPrediction& pred, const PlanPrediction& host) {
+Json to_json(const PlanOptions& o, const ModelConfig& c, const ExpertShape& shape, const Rates& r,
+             const PlacementPlanner& planner, const RoutingProfile& profile, const Placement& p,
+             const PlanPrediction& pred, const PlanPrediction& host) {
   Json j;
   j["model"] = o.has_model ? o.model : o.preset;
   j["moe_layers"] = c.num_moe_layers();
@@ -331,15 +330,15 @@ void add_plan_command(CLI::App& app) {
                   "Expert calls per step (gradient accumulation); padding is per call")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  CLI::Option* host = cmd->add_option("--host-tflops", o->host_tflops,
-                                      "Host expert TFLOP/s (default: measured)")
-                          ->check(CLI::PositiveNumber);
+  CLI::Option* host =
+      cmd->add_option("--host-tflops", o->host_tflops, "Host expert TFLOP/s (default: measured)")
+          ->check(CLI::PositiveNumber);
   CLI::Option* device = cmd->add_option("--device-tflops", o->device_tflops,
                                         "Device expert TFLOP/s (default: a CPU device, measured)")
                             ->check(CLI::PositiveNumber);
-  CLI::Option* link = cmd->add_option("--link-gbps", o->link_gbps,
-                                      "Host-device link, GB/s (10^9 bytes/s) each way")
-                          ->check(CLI::PositiveNumber);
+  CLI::Option* link =
+      cmd->add_option("--link-gbps", o->link_gbps, "Host-device link, GB/s (10^9 bytes/s) each way")
+          ->check(CLI::PositiveNumber);
   CLI::Option* launch = cmd->add_option("--launch-us", o->launch_us,
                                         "Fixed cost of one device graph launch, microseconds")
                             ->check(CLI::NonNegativeNumber);

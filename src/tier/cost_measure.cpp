@@ -23,7 +23,7 @@ constexpr double kTimedBudgetS = 0.3;
 constexpr int64_t kHostExperts = 2;  // more than one: weights stream as in a real layer
 constexpr int64_t kHostRows = 256;   // rows per expert
 constexpr size_t kLinkBytes = size_t(4) << 20;
-constexpr int64_t kTinyWidth = 16;   // D = F of the launch-overhead graph
+constexpr int64_t kTinyWidth = 16;  // D = F of the launch-overhead graph
 constexpr size_t kDeviceSlack = size_t(1) << 20;
 
 // The median of up to kRepeats timed runs, fewer once they have taken

@@ -27,8 +27,9 @@ void CostModel::validate(std::string_view where) const {
   positive(host_flops_per_s, "host_flops_per_s");
   positive(device_flops_per_s, "device_flops_per_s");
   positive(link_bytes_per_s, "link_bytes_per_s");
-  TIERMOE_CHECK(std::isfinite(launch_s) && launch_s >= 0, str_of("cost model launch_s is ", launch_s),
-                at, "the launch overhead is a time >= 0");
+  TIERMOE_CHECK(std::isfinite(launch_s) && launch_s >= 0,
+                str_of("cost model launch_s is ", launch_s), at,
+                "the launch overhead is a time >= 0");
   TIERMOE_CHECK(!buckets.empty() && buckets.front() > 0 &&
                     std::is_sorted(buckets.begin(), buckets.end()) &&
                     std::adjacent_find(buckets.begin(), buckets.end()) == buckets.end(),

@@ -223,8 +223,8 @@ Placement PlacementPlanner::plan_auto(const RoutingProfile& profile) const {
       const double after = std::max(s.host_s - host_LE[size_t(l)][size_t(e)],
                                     s.device_side_s + device_LE[size_t(l)][size_t(e)]);
       const double gain = makespan - after - sync;
-      const bool hotter = s.best_expert >= 0 && gain == s.best_gain &&
-                          r > rows_E[size_t(s.best_expert)];
+      const bool hotter =
+          s.best_expert >= 0 && gain == s.best_gain && r > rows_E[size_t(s.best_expert)];
       if (gain > s.best_gain || hotter) {
         s.best_gain = gain;
         s.best_expert = e;

@@ -65,10 +65,10 @@ double number_field(const Json& j, const char* name, const std::string& where) {
 
 RoutingProfile::RoutingProfile(int64_t layers, int64_t experts, double decay)
     : layers_(layers), experts_(experts), decay_(decay) {
-  TIERMOE_CHECK(layers > 0 && experts > 0,
-                str_of("a routing profile needs layers > 0 and experts > 0, got ", layers, " x ",
-                       experts),
-                "RoutingProfile", "pass the model's MoE layer count and experts per layer");
+  TIERMOE_CHECK(
+      layers > 0 && experts > 0,
+      str_of("a routing profile needs layers > 0 and experts > 0, got ", layers, " x ", experts),
+      "RoutingProfile", "pass the model's MoE layer count and experts per layer");
   check_decay(decay, "RoutingProfile");
   ema_LE.assign(size_t(layers), std::vector<double>(size_t(experts), 0.0));
   count_LE.assign(size_t(layers), std::vector<int64_t>(size_t(experts), 0));
@@ -147,10 +147,10 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
   TIERMOE_CHECK(steps >= 0, str_of("\"steps\" is ", steps), where, "steps counts from 0");
   const int64_t layers = int_field(j, "layers", where);
   const int64_t experts = int_field(j, "experts", where);
-  TIERMOE_CHECK(layers > 0 && experts > 0,
-                str_of("\"layers\" and \"experts\" must be positive, got ", layers, " and ",
-                       experts),
-                where, kFileHint);
+  TIERMOE_CHECK(
+      layers > 0 && experts > 0,
+      str_of("\"layers\" and \"experts\" must be positive, got ", layers, " and ", experts), where,
+      kFileHint);
   RoutingProfile p(layers, experts, decay);
   p.steps_ = steps;
   if (j.contains("drift")) {
@@ -160,17 +160,19 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
   }
 
   const Json& rows = field(j, "rows", where);
-  TIERMOE_CHECK(rows.is_array() && int64_t(rows.size()) == layers,
-                str_of("\"rows\" must be an array of ", layers, " layers, got ",
-                       rows.is_array() ? std::to_string(rows.size()) + " entries" : rows.type_name()),
-                where, "one array of per-expert rows per MoE layer");
+  TIERMOE_CHECK(
+      rows.is_array() && int64_t(rows.size()) == layers,
+      str_of("\"rows\" must be an array of ", layers, " layers, got ",
+             rows.is_array() ? std::to_string(rows.size()) + " entries" : rows.type_name()),
+      where, "one array of per-expert rows per MoE layer");
   for (int64_t l = 0; l < layers; ++l) {
     const Json& row = rows[size_t(l)];
     const std::string at = str_of(where, ": rows[", l, "]");
-    TIERMOE_CHECK(row.is_array() && int64_t(row.size()) == experts,
-                  str_of("layer ", l, " must list ", experts, " experts, got ",
-                         row.is_array() ? std::to_string(row.size()) + " entries" : row.type_name()),
-                  at, "every layer lists rows for each of \"experts\" experts");
+    TIERMOE_CHECK(
+        row.is_array() && int64_t(row.size()) == experts,
+        str_of("layer ", l, " must list ", experts, " experts, got ",
+               row.is_array() ? std::to_string(row.size()) + " entries" : row.type_name()),
+        at, "every layer lists rows for each of \"experts\" experts");
     for (int64_t e = 0; e < experts; ++e) {
       const Json& v = row[size_t(e)];
       TIERMOE_CHECK(v.is_number(), str_of("layer ", l, " expert ", e, " is not a number"), at,
@@ -219,8 +221,8 @@ RoutingProfile RoutingProfile::synthetic(int64_t layers, int64_t experts,
   TIERMOE_CHECK(std::isfinite(total_rows_per_layer) && total_rows_per_layer >= 0,
                 str_of("synthetic profile rows per layer ", total_rows_per_layer), "synthetic",
                 "give the tokens times top-k of one step");
-  TIERMOE_CHECK(std::isfinite(zipf_s) && zipf_s >= 0, str_of("Zipf exponent ", zipf_s),
-                "synthetic", "0 is uniform routing; about 1 is a typical skew");
+  TIERMOE_CHECK(std::isfinite(zipf_s) && zipf_s >= 0, str_of("Zipf exponent ", zipf_s), "synthetic",
+                "0 is uniform routing; about 1 is a typical skew");
   RoutingProfile p(layers, experts);
   std::vector<double> weight_R(static_cast<size_t>(experts));
   for (int64_t r = 0; r < experts; ++r) weight_R[size_t(r)] = std::pow(double(r + 1), -zipf_s);

@@ -23,8 +23,8 @@ const std::vector<std::string> kRates = {"--host-tflops", "0.1", "--device-tflop
                                          "--link-gbps",   "10",  "--launch-us",     "5"};
 
 std::vector<std::string> plan_args(std::vector<std::string> extra, bool rates = true) {
-  std::vector<std::string> args = {"plan", "--preset", "tiny", "--synthetic-zipf", "1.0",
-                                   "--tokens", "256"};
+  std::vector<std::string> args = {"plan", "--preset", "tiny", "--synthetic-zipf",
+                                   "1.0",  "--tokens", "256"};
   args.insert(args.end(), extra.begin(), extra.end());
   if (rates) args.insert(args.end(), kRates.begin(), kRates.end());
   return args;
@@ -55,8 +55,8 @@ TEST_F(Cli, PlanJsonKeepsTheBudget) {
     ASSERT_EQ(j["layers"].size(), 2u);
     int64_t sum = 0;
     for (const Json& l : j["layers"]) {
-      for (const char* key : {"resident", "resident_experts", "hot_fraction", "host_s",
-                              "device_s", "transfer_s", "makespan_s"}) {
+      for (const char* key : {"resident", "resident_experts", "hot_fraction", "host_s", "device_s",
+                              "transfer_s", "makespan_s"}) {
         EXPECT_TRUE(l.contains(key)) << key;
       }
       EXPECT_EQ(l["resident"], l["resident_experts"].size());
@@ -118,8 +118,7 @@ TEST_F(Cli, PlanRejectsBadProfiles) {
 
   // A well-formed profile of another model: 3 layers for tiny's 2.
   const std::string other = path("other.json").string();
-  ASSERT_EQ(run(plan_args({"--layers", "3", "--device-memory", "1MB", "--save-profile", other}))
-                .rc,
+  ASSERT_EQ(run(plan_args({"--layers", "3", "--device-memory", "1MB", "--save-profile", other})).rc,
             0);
   r = run({"plan", "--preset", "tiny", "--profile", other, "--device-memory", "1MB"});
   EXPECT_EQ(r.rc, 1);

@@ -1,8 +1,6 @@
 // The cost model's formulas and the placement planner: budgets are never
 // exceeded, each mode places what it promises, and re-planning follows real
 // drift but not noise.
-#include "tiermoe/tier/planner.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,6 +10,7 @@
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/random.h"
+#include "tiermoe/tier/planner.h"
 
 namespace tiermoe {
 namespace {
@@ -102,10 +101,9 @@ TEST(CostModel, TransferBytesPerRow) {
   EXPECT_EQ(row_bytes_up(s, TrainMode::full), (D + D + 2 * F + F + D) * 2);
   EXPECT_EQ(row_bytes_down(s, TrainMode::full), (D + 2 * F + F + D) * 2);
   const CostModel c = gpu_cost();
-  EXPECT_DOUBLE_EQ(transfer_seconds(10, s, TrainMode::lora, c),
-                   10.0 * double(row_bytes_up(s, TrainMode::lora) +
-                                 row_bytes_down(s, TrainMode::lora)) /
-                       25e9);
+  EXPECT_DOUBLE_EQ(
+      transfer_seconds(10, s, TrainMode::lora, c),
+      10.0 * double(row_bytes_up(s, TrainMode::lora) + row_bytes_down(s, TrainMode::lora)) / 25e9);
 }
 
 TEST(CostModel, ResidentAndSyncBytes) {

@@ -1,5 +1,3 @@
-#include "tiermoe/tier/routing_profile.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +7,7 @@
 #include <numeric>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/tier/routing_profile.h"
 
 namespace tiermoe {
 namespace {

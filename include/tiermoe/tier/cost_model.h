@@ -57,7 +57,7 @@ struct ExpertShape {
 // lora: frozen experts (device runs expert_fwd + expert_bwd_dx).
 // full: trainable experts (expert_fwd + expert_bwd_dx_dw, per-step sync).
 enum class TrainMode { lora, full };
-std::string_view train_mode_name(TrainMode m);                          // "lora", "full"
+std::string_view train_mode_name(TrainMode m);                           // "lora", "full"
 TrainMode parse_train_mode(std::string_view s, std::string_view where);  // Error otherwise
 
 struct CostModel {
@@ -117,7 +117,7 @@ struct WorkspaceSlot {
 };
 struct WorkspaceLayout {
   std::vector<WorkspaceSlot> slots;
-  size_t bytes = 0;  // allocate this much for all slots
+  size_t bytes = 0;                                        // allocate this much for all slots
   const WorkspaceSlot& slot(std::string_view name) const;  // Error when absent
   // The slot as a graph argument inside `buffer` (allocated with `bytes`).
   DeviceTensor tensor(const DeviceBuffer& buffer, std::string_view name) const;
@@ -139,7 +139,6 @@ struct DeviceRates {
 DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
                            const std::vector<int64_t>& buckets);
 // Device memory measure_device needs.
-size_t measure_device_bytes(const ExpertShape& s, TrainMode m,
-                            const std::vector<int64_t>& buckets);
+size_t measure_device_bytes(const ExpertShape& s, TrainMode m, const std::vector<int64_t>& buckets);
 
 }  // namespace tiermoe

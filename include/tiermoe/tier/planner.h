@@ -47,7 +47,7 @@
 namespace tiermoe {
 
 enum class PlacementMode { auto_, host, device };
-std::string_view placement_mode_name(PlacementMode m);                          // "auto", ...
+std::string_view placement_mode_name(PlacementMode m);                           // "auto", ...
 PlacementMode parse_placement_mode(std::string_view s, std::string_view where);  // Error otherwise
 
 struct Placement {

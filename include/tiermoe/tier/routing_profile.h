@@ -44,8 +44,8 @@ class RoutingProfile {
   int64_t layers() const { return layers_; }
   int64_t experts() const { return experts_; }
   double decay() const { return decay_; }
-  int64_t steps() const { return steps_; }  // end_step() calls so far
-  double drift() const { return drift_; }   // of the last end_step()
+  int64_t steps() const { return steps_; }               // end_step() calls so far
+  double drift() const { return drift_; }                // of the last end_step()
   const std::vector<double>& rows(int64_t layer) const;  // average rows per step, [E]
   double total_rows(int64_t layer) const;                // sum of rows(layer)
 
@@ -69,7 +69,7 @@ class RoutingProfile {
   double decay_;
   int64_t steps_ = 0;
   double drift_ = 0;
-  std::vector<std::vector<double>> ema_LE;    // (L, E) average rows per step
+  std::vector<std::vector<double>> ema_LE;     // (L, E) average rows per step
   std::vector<std::vector<int64_t>> count_LE;  // (L, E) this step's rows so far
 };
 
