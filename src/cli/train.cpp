@@ -51,6 +51,9 @@ struct TrainFlags {
   bool rslora = false;
   std::string lora_init;
 
+  std::string device_memory;  // a byte count with an optional unit
+  bool no_replan = false;
+
   RunControl control;
   std::string resume;
   int threads = 0;
@@ -132,6 +135,8 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
     c.lora = l;
     c.lora_init = f.lora_init;
   }
+  if (!f.device_memory.empty()) c.tier.device_memory = parse_bytes(f.device_memory, "--device-memory");
+  c.tier.replan = !f.no_replan;
   return c;
 }
 
@@ -155,7 +160,9 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     control.resume = resolve_checkpoint(f.resume);
     // A resumed run keeps writing where it was writing.
     if (control.out_dir.empty()) control.out_dir = fs::path(control.resume).parent_path().string();
+    const TierRunConfig tier = config.tier;  // where experts run is this process's choice
     config = resumed_config(config, control.resume, cmd);
+    config.tier = tier;
   } else if (!f.full && !config.lora) {
     std::cerr << "train: neither --full nor --lora-rank given: full fine-tuning (every parameter "
                  "trainable, fp32 masters)\n";
@@ -238,6 +245,31 @@ void add_train_command(CLI::App& app) {
                   "(default: the attention projections)");
   cmd->add_flag("--rslora", f->rslora, "Scale by alpha/sqrt(R) instead of alpha/R");
   cmd->add_option("--lora-init", f->lora_init, "PEFT adapter directory to start from");
+
+  TierRunConfig& d = c.tier;
+  cmd->add_option("--device", d.device,
+                  "Device tier for hot experts: cpu (the CPU backend), cuda, or none")
+      ->capture_default_str();
+  cmd->add_option("--device-memory", f->device_memory,
+                  "The device tier's memory budget, e.g. 2GiB (required with --device)");
+  cmd->add_option("--placement", d.placement,
+                  "auto (the planner's cost model) | device (as many as fit, hottest first) | "
+                  "host (none)")
+      ->capture_default_str();
+  cmd->add_option("--device-threads", d.device_threads,
+                  "CPU device: its kernel threads (default: half the cores; the host keeps the "
+                  "rest while it runs)");
+  cmd->add_option("--profile-in", d.profile_in, "Routing profile (JSON) to place experts from at once");
+  cmd->add_option("--profile-out", d.profile_out, "Write the routing profile (JSON) at the end");
+  cmd->add_option("--profile-decay", d.profile_decay, "Routing profile EMA decay per step")
+      ->capture_default_str();
+  cmd->add_option("--replan-horizon", d.horizon_steps,
+                  "Steps a re-placement must pay for itself in (weights moved vs time gained)")
+      ->capture_default_str();
+  cmd->add_option("--replan-min-gain", d.min_gain,
+                  "Hysteresis: a re-placement must gain this fraction of the predicted step")
+      ->capture_default_str();
+  cmd->add_flag("--no-replan", f->no_replan, "Keep the first placement for the whole run");
 
   cmd->add_option("--out", f->control.out_dir,
                   "Directory for checkpoint-<step>/ and the final export (final/ or adapter/)");
