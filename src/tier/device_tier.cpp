@@ -66,8 +66,8 @@ void DeviceTier::begin_step() {
   // A profile given up front (or restored) places experts before the first step.
   if (placement_.count() == 0 && profile_.steps() > 0 &&
       config_.planner.mode != PlacementMode::host) {
-    TierStepStats ignored;
-    apply(planner_.plan(profile_), ignored);
+    apply(planner_.plan(profile_), pending_);
+    pending_.replacements = 1;
   }
 }
 
@@ -91,7 +91,6 @@ void DeviceTier::apply(const Placement& target, TierStepStats& stats) {
       stats.bytes_moved += t->set_resident(target.resident[size_t(l)], with_grads);
     } catch (const DeviceOutOfMemory&) {
       // What fitted stays; plan within it from now on.
-      ++alloc_faults_;
       ++stats.faults;
       planner_.shrink_budget(device_->used());
     }
@@ -106,12 +105,14 @@ void DeviceTier::apply(const Placement& target, TierStepStats& stats) {
 }
 
 TierStepStats DeviceTier::end_step(bool weights_changed) {
-  TierStepStats s;
+  // Moves made before the step's first forward count with the step.
+  TierStepStats s = std::move(pending_);
+  pending_ = {};
   for (auto& t : tiered_) {
     s.layers.push_back(t ? t->take_stats() : TierLayerStats{});
     s.total.add(s.layers.back());
   }
-  s.faults = s.total.faults;
+  s.faults += s.total.faults;
   if (weights_changed && config_.planner.train == TrainMode::full) {
     const auto t0 = std::chrono::steady_clock::now();
     for (auto& t : tiered_) {
@@ -131,7 +132,7 @@ TierStepStats DeviceTier::end_step(bool weights_changed) {
     }
     if (target) {
       apply(*target, s);
-      s.replacements = 1;
+      ++s.replacements;
     }
   }
   s.resident = placement_.count();

@@ -96,6 +96,7 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
   if (!profile && !config_.profile_in.empty()) profile = RoutingProfile::load(config_.profile_in);
   tier_ = std::make_unique<DeviceTier>(*device_, tc, shape, model.num_moe_layers(),
                                        model.config().num_experts, std::move(profile));
+  device_->inject(config_.faults);
   model.attach_device_tier(*tier_);
 }
 

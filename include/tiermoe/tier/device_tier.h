@@ -38,7 +38,7 @@ struct TierStepStats {
   TierLayerStats total;
   double drift = 0;             // routing drift at this step's end (L1, normalised)
   int64_t resident = 0;         // experts resident after the step
-  int64_t replacements = 0;     // re-plans applied at this step's end (0 or 1)
+  int64_t replacements = 0;     // placements applied: before the first step, at its end
   int64_t moved_in = 0, moved_out = 0;
   size_t bytes_moved = 0;       // weights uploaded for experts moving in
   double move_s = 0;            // time spent moving them
@@ -89,7 +89,7 @@ class DeviceTier {
   PlacementPlanner planner_;
   Placement placement_;
   std::vector<std::unique_ptr<TieredExperts>> tiered_;  // per layer; null until attached
-  int64_t alloc_faults_ = 0;
+  TierStepStats pending_;  // moves made by begin_step(), reported with the step
 };
 
 }  // namespace tiermoe

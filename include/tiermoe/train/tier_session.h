@@ -33,6 +33,8 @@ struct TierRunConfig {
   // Rates to plan with instead of measuring at start-up (deterministic plans
   // in tests; the bucket ladder is always 16 .. dw_row_block).
   std::optional<CostModel> cost;
+  // Faults injected into the device once it is built (tests).
+  DeviceFaults faults;
 
   bool enabled() const { return device != "none"; }
   void validate() const;  // names the flag
