@@ -1,0 +1,104 @@
+// tiermoe train with the device tier, as a user runs it: the same losses on
+// --device cpu as on the host, the tier's figures in --json and --metrics,
+// the routing profile written and read, and clear errors for bad flags.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "cli/cli_fixture.h"
+
+namespace tiermoe {
+namespace {
+
+using nlohmann::json;
+
+std::vector<std::string> quick(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train",   "--batch", "4",          "--seq-len", "16",
+                                   "--steps", "4",       "--threads",  "2",         "--corpus-tokens",
+                                   "4096",    "--json"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+json last_json_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return json::parse(last);
+}
+
+using CliTrainTier = Cli;
+
+TEST_F(CliTrainTier, CpuDeviceGivesTheHostLossesAndReportsItsWork) {
+  const RunResult host = run(quick({}));
+  ASSERT_EQ(host.rc, 0) << host.err;
+  const std::string metrics = path("m.jsonl").string(), profile = path("p.json").string();
+  const RunResult dev = run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
+                                   "device", "--metrics", metrics, "--profile-out", profile}));
+  ASSERT_EQ(dev.rc, 0) << dev.err;
+  const json h = last_json_line(host.out), d = last_json_line(dev.out);
+  EXPECT_EQ(h.at("losses"), d.at("losses"));
+  for (const char* key : {"hot_fraction", "device_calls", "bytes_up", "bytes_down", "replacements"})
+    EXPECT_TRUE(d.contains(key)) << key;
+  EXPECT_GT(d.at("hot_fraction").get<double>(), 0.5);  // every expert fits in 8 MiB
+  EXPECT_GT(d.at("device_calls").get<int64_t>(), 0);
+  EXPECT_TRUE(contains(dev.err, "tier: cost model (measured)")) << dev.err;
+  // One metrics line per step, each with the tier's per-layer figures.
+  std::istringstream lines(slurp(metrics));
+  std::string line;
+  int n = 0;
+  while (std::getline(lines, line)) {
+    const json m = json::parse(line);
+    EXPECT_EQ(m.at("tier").at("layers").size(), 2u);
+    EXPECT_TRUE(m.at("tier").contains("drift"));
+    ++n;
+  }
+  EXPECT_EQ(n, 4);
+  // The profile plans a later run's first step (experts resident at once).
+  const RunResult again = run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
+                                     "device", "--profile-in", profile}));
+  ASSERT_EQ(again.rc, 0) << again.err;
+  EXPECT_EQ(last_json_line(again.out).at("losses"), h.at("losses"));
+  EXPECT_GT(last_json_line(again.out).at("hot_fraction").get<double>(),
+            d.at("hot_fraction").get<double>());  // step 1 ran on the device too
+}
+
+TEST_F(CliTrainTier, PlacementHostKeepsEveryExpertOnTheHost) {
+  const RunResult r =
+      run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement", "host"}));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json j = last_json_line(r.out);
+  EXPECT_EQ(j.at("hot_fraction").get<double>(), 0.0);
+  EXPECT_EQ(j.at("device_calls").get<int64_t>(), 0);
+}
+
+TEST_F(CliTrainTier, BadFlagsAreClearErrors) {
+  struct Bad {
+    std::vector<std::string> args;
+    const char* says;
+  };
+  const fs::path wrong = path("wrong.json");
+  {
+    std::ofstream(wrong) << R"({"format": "tiermoe-routing-profile", "version": 1, "decay": 0.9,
+      "steps": 1, "layers": 1, "experts": 2, "rows": [[1, 2]]})";
+  }
+  for (const Bad& b : {Bad{{"--device", "gpu", "--device-memory", "1MiB"}, "unknown --device"},
+                       Bad{{"--device", "cpu"}, "needs --device-memory"},
+                       Bad{{"--device", "cuda", "--device-memory", "1GiB"}, "no CUDA"},
+                       Bad{{"--device", "cpu", "--device-memory", "1MiB", "--placement", "up"},
+                           "--placement"},
+                       Bad{{"--device", "cpu", "--device-memory", "100KiB"}, "out of memory"},
+                       Bad{{"--device", "cpu", "--device-memory", "8MiB", "--profile-in",
+                            wrong.string()},
+                           "routing profile"}}) {
+    const RunResult r = run(quick(b.args));
+    EXPECT_EQ(r.rc, 1) << b.says;
+    EXPECT_TRUE(contains(r.err, b.says)) << b.says << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace tiermoe
