@@ -38,6 +38,7 @@ struct InitOptions {
   std::string max_shard_size = "5GB";
   bool force = false;
   bool layers_given = false;
+  int64_t vocab_size = 0;  // 0: the preset's
 };
 
 // huggingface_hub's split (as save_checkpoint_tensors does it): fill shards
@@ -132,6 +133,11 @@ void run_init(const InitOptions& o) {
   ModelConfig config =
       preset(o.preset, o.layers_given ? std::optional<int64_t>(o.layers) : std::nullopt);
   config.torch_dtype = torch_dtype_name(dtype);
+  if (o.vocab_size != 0) {
+    TIERMOE_CHECK(o.vocab_size >= 256, "--vocab-size must be at least 256", "--vocab-size",
+                  "the built-in corpus uses token ids 0..255");
+    config.vocab_size = o.vocab_size;
+  }
 
   const std::vector<HfTensor> tensors = hf_tensors(config);
   const ParamCounts counts = param_counts(config);
@@ -215,6 +221,9 @@ void add_init_command(CLI::App& app) {
   cmd->add_option("--dtype", opts->dtype, "Weight dtype: bf16|f32|f64")->capture_default_str();
   CLI::Option* layers =
       cmd->add_option("--layers", opts->layers, "Number of decoder layers (overrides the preset)");
+  cmd->add_option("--vocab-size", opts->vocab_size,
+                  "Vocabulary size (overrides the preset's; e.g. real expert shapes with a small "
+                  "embedding for benchmarks)");
   cmd->add_option("--max-shard-size", opts->max_shard_size,
                   "Largest safetensors file before sharding (bytes, or 500MB, 5GB, 2GiB)")
       ->capture_default_str();
