@@ -2,8 +2,10 @@
 // Threading. TierMoE's kernels and oneDNN share one pool: Debian's oneDNN is
 // built on the GNU OpenMP runtime, so our parallel loops run on the same
 // OpenMP threads instead of a second pool fighting it for the cores. The
-// thread count is a process setting (like torch.set_num_threads); the
-// default is every core the process may run on.
+// thread count is the calling thread's OpenMP setting (like
+// torch.set_num_threads on the main thread); threads started later begin at
+// the default, every core the process may run on. The CPU device's worker
+// sets its own count this way without touching the host's.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,7 +13,7 @@
 
 namespace tiermoe {
 
-void set_num_threads(int n);  // n <= 0 restores the default (all cores)
+void set_num_threads(int n);  // this thread's count; n <= 0 restores the default (all cores)
 int num_threads();
 int default_num_threads();
 
