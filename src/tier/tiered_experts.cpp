@@ -1,5 +1,6 @@
 #include "tiermoe/tier/tiered_experts.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "tiermoe/core/parallel.h"
