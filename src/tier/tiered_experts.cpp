@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 #include "tiermoe/core/parallel.h"
 
@@ -32,6 +33,24 @@ class Packer {
 
  private:
   size_t offset_ = 0;
+};
+
+// Work queued on the device reads and writes host buffers until it has run:
+// if the host side throws before the sync, wait for that work before the
+// buffers go away (its own failure, if any, is moot by then).
+class DrainOnUnwind {
+ public:
+  explicit DrainOnUnwind(Device& d) : device_(&d) {}
+  ~DrainOnUnwind() {
+    if (!std::uncaught_exceptions()) return;
+    try {
+      device_->sync();
+    } catch (...) {
+    }
+  }
+
+ private:
+  Device* device_;
 };
 
 }  // namespace
@@ -353,6 +372,7 @@ void TieredExperts::forward(Tensor& y_ND, const Tensor& x_ND,
     return;
   }
   begin_counters();
+  DrainOnUnwind drain(*device_);
   for (int64_t e = 0; e < num_experts(); ++e) {
     if (!dev[size_t(e)]) continue;
     enqueue_forward(e, &y_ND, keep.h ? &all.h_M2F : nullptr, keep.a ? &all.a_MF : nullptr, x_ND,
@@ -382,6 +402,7 @@ void TieredExperts::replay(SavedTensors& saved, const Tensor& x_ND,
   Tensor h_N2F = saved.get("h_N2F");
   Tensor a_NF = stages.act ? saved.get("a_NF") : Tensor();
   begin_counters();
+  DrainOnUnwind drain(*device_);
   for (int64_t e = 0; e < num_experts(); ++e) {
     if (!dev[size_t(e)]) continue;
     enqueue_forward(e, nullptr, &h_N2F, stages.act ? &a_NF : nullptr, x_ND, offset_E, score_N);
@@ -412,6 +433,7 @@ void TieredExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_N
   const ExpertsConfig& cfg = experts_->config();
   std::vector<ExpertGrads> sums(dev.size());
   begin_counters();
+  DrainOnUnwind drain(*device_);
   for (int64_t e = 0; e < num_experts(); ++e) {
     if (!dev[size_t(e)]) continue;
     ExpertGrads* s = nullptr;
