@@ -204,7 +204,7 @@ std::vector<uint8_t> TieredExperts::device_experts(const std::vector<int64_t>& o
   bool any = false;
   for (size_t e = 0; e < on.size(); ++e) {
     const int64_t rows = offset_E[e + 1] - offset_E[e];
-    on[e] = resident_[e] && rows > 0 && rows >= min_device_rows_;
+    on[e] = resident_[e] && rows > 0;
     any = any || on[e];
   }
   if (!any) on.clear();

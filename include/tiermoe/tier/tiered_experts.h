@@ -106,9 +106,6 @@ class TieredExperts final : public ExpertExecutor {
   // Re-uploads every resident expert's weights (after an optimizer step);
   // returns the bytes. Waits for the device.
   size_t upload_weights();
-  // Groups below this many rows run on the host even when resident (the cost
-  // model's break-even: padding and transfers cost more than they save).
-  void set_min_device_rows(int64_t rows) { min_device_rows_ = rows; }
   // Host threads while the device runs (0: unchanged), so a CPU device and
   // the host do not oversubscribe the cores.
   void set_host_threads(int threads) { host_threads_ = threads; }
@@ -148,7 +145,6 @@ class TieredExperts final : public ExpertExecutor {
   std::vector<int64_t> buckets_;
   std::vector<uint8_t> resident_;
   std::vector<std::unique_ptr<Resident>> state_;  // per expert; null when not resident
-  int64_t min_device_rows_ = 1;
   int host_threads_ = 0;
   bool host_only_ = false;
   std::function<void(const std::vector<int64_t>&)> observe_;
