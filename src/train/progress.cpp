@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 namespace tiermoe {
 
@@ -45,6 +46,12 @@ void ProgressPrinter::update(const StepStats& s, double elapsed_s, int64_t steps
                 (long long)s.step, (long long)options_.total_steps,
                 format_loss(s.loss, options_.loss_floor).c_str(), s.lr, s.grad_norm, tokens_per_s,
                 format_duration(eta).c_str());
+  if (s.tier) {
+    // The device tier: the share of routed rows it computed, and its experts.
+    const size_t n = std::strlen(line);
+    std::snprintf(line + n, sizeof line - n, "  hot %.2f (%lld resident)",
+                  s.tier->total.hot_fraction(), (long long)s.tier->resident);
+  }
   if (options_.tty) {
     out_ << "\r" << line << "\x1b[K" << std::flush;  // erase what a longer line left behind
     open_line_ = true;
