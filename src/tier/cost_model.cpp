@@ -41,8 +41,15 @@ std::vector<int64_t> bucket_ladder(int64_t smallest, int64_t largest) {
   TIERMOE_CHECK(smallest > 0 && smallest <= largest,
                 str_of("bucket ladder from ", smallest, " to ", largest), "bucket_ladder",
                 "the smallest bucket is positive and at most the largest");
+  // Doubling steps with a midpoint (1.5x) between each pair: a group lands in
+  // a bucket at most a third larger than it, not twice as large, for twice
+  // the graphs (each compiled once).
   std::vector<int64_t> out;
-  for (int64_t g = smallest; g < largest; g *= 2) out.push_back(g);
+  for (int64_t g = smallest; g < largest; g *= 2) {
+    out.push_back(g);
+    const int64_t mid = g + g / 2;
+    if (g % 2 == 0 && mid < largest) out.push_back(mid);
+  }
   out.push_back(largest);
   return out;
 }

@@ -64,15 +64,16 @@ RoutingProfile profile_of(const std::vector<std::vector<double>>& rows_LE) {
 
 TEST(CostModel, PaddedLaunches) {
   const std::vector<int64_t> b = bucket_ladder(16, 512);
-  EXPECT_EQ(b, (std::vector<int64_t>{16, 32, 64, 128, 256, 512}));
-  EXPECT_EQ(bucket_ladder(16, 100), (std::vector<int64_t>{16, 32, 64, 100}));
+  EXPECT_EQ(b, (std::vector<int64_t>{16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512}));
+  EXPECT_EQ(bucket_ladder(16, 100), (std::vector<int64_t>{16, 24, 32, 48, 64, 96, 100}));
   EXPECT_EQ(padded_launches(0, b), (std::vector<int64_t>{}));
   EXPECT_EQ(padded_launches(1, b), (std::vector<int64_t>{16}));
   EXPECT_EQ(padded_launches(16, b), (std::vector<int64_t>{16}));
-  EXPECT_EQ(padded_launches(17, b), (std::vector<int64_t>{32}));
+  EXPECT_EQ(padded_launches(17, b), (std::vector<int64_t>{24}));
+  EXPECT_EQ(padded_launches(25, b), (std::vector<int64_t>{32}));
   EXPECT_EQ(padded_launches(512, b), (std::vector<int64_t>{512}));
   EXPECT_EQ(padded_launches(513, b), (std::vector<int64_t>{512, 16}));
-  EXPECT_EQ(padded_launches(1100, b), (std::vector<int64_t>{512, 512, 128}));
+  EXPECT_EQ(padded_launches(1100, b), (std::vector<int64_t>{512, 512, 96}));
 }
 
 TEST(CostModel, TimesFollowTheDocumentedFormulas) {
@@ -82,9 +83,9 @@ TEST(CostModel, TimesFollowTheDocumentedFormulas) {
   EXPECT_EQ(flops_per_row(s, TrainMode::lora), 12 * DF);
   EXPECT_EQ(flops_per_row(s, TrainMode::full), 18 * DF);
   EXPECT_DOUBLE_EQ(host_seconds(100, s, TrainMode::lora, c), 100 * 12 * DF / 1.5e12);
-  // 1100 rows: launches of 512, 512, 128; a forward and a backward each.
+  // 1100 rows: launches of 512, 512, 96; a forward and a backward each.
   EXPECT_DOUBLE_EQ(device_seconds(1100, s, TrainMode::full, c),
-                   (512 + 512 + 128) * 18 * DF / 400e12 + 3 * 2 * 10e-6);
+                   (512 + 512 + 96) * 18 * DF / 400e12 + 3 * 2 * 10e-6);
   EXPECT_EQ(device_seconds(0, s, TrainMode::full, c), 0);
 }
 

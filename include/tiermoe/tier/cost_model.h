@@ -72,7 +72,9 @@ struct CostModel {
   void validate(std::string_view where) const;  // positive finite rates, ascending buckets
 };
 
-// 16, 32, ..., largest (powers of two from `smallest`; largest always last).
+// 16, 24, 32, 48, ..., largest: doublings from `smallest` with the 1.5x
+// midpoint between each pair (padding wastes at most a third of a launch,
+// not half); largest always last.
 std::vector<int64_t> bucket_ladder(int64_t smallest = 16, int64_t largest = 512);
 
 // The graph key of one expert graph at G rows.
