@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <tuple>
 
 #include "tiermoe/core/parallel.h"
@@ -140,6 +142,34 @@ TEST_F(TierTraining, DevicePathEqualsHostPathBitwise) {
     // The checkpoint carries the routing profile.
     EXPECT_TRUE(fs::exists(fs::path(tiered.last_checkpoint) / "routing_profile.json")) << what;
   }
+}
+
+TEST_F(TierTraining, ResumeWithTheTierPlacesFromTheCheckpointsProfile) {
+  const TrainConfig host_cfg = tiny_run(DType::f32, false, "auto");
+  const TrainSummary host = train(host_cfg, "host");
+  TrainConfig cfg = host_cfg;
+  cfg.tier = cpu_tier(cfg, /*profile_in=*/"");
+  RunControl first{.out_dir = (dir_ / "split").string(), .stop_after = 3};
+  run_training(cfg, first);
+  const std::string metrics = (dir_ / "resumed.jsonl").string();
+  RunControl second{.out_dir = (dir_ / "split").string(),
+                    .resume = (dir_ / "split" / "checkpoint-3").string(),
+                    .metrics_file = metrics};
+  const TrainSummary resumed = run_training(cfg, second);
+  ASSERT_EQ(resumed.losses.size(), host.losses.size());
+  for (size_t i = 0; i < host.losses.size(); ++i) {
+    EXPECT_EQ(host.losses[i], resumed.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_TRUE(exported(host) == exported(resumed));
+  // The checkpoint's profile placed experts before the resumed run's first
+  // step (step 4), so the device worked in it already.
+  std::ifstream lines(metrics);
+  std::string first_line;
+  ASSERT_TRUE(std::getline(lines, first_line));
+  const nlohmann::json step4 = nlohmann::json::parse(first_line);
+  EXPECT_EQ(step4.at("step").get<int64_t>(), 4);
+  EXPECT_GT(step4.at("tier").at("hot_fraction").get<double>(), 0.0);
+  EXPECT_GE(step4.at("tier").at("replacements").get<int64_t>(), 1);
 }
 
 TEST_F(TierTraining, DeviceFaultsChangeNoResult) {
