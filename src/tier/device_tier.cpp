@@ -50,15 +50,6 @@ TieredExperts& DeviceTier::attach(int64_t layer, GroupedExperts& experts, HostEx
   return *tiered_[size_t(layer)];
 }
 
-void DeviceTier::set_profile(RoutingProfile profile) {
-  TIERMOE_CHECK(profile.layers() == layers_ && profile.experts() == experts_,
-                detail::str_of("the routing profile has ", profile.layers(), " layers x ",
-                               profile.experts(), " experts, the model ", layers_, " x ",
-                               experts_),
-                "routing profile", "use a profile recorded with this model");
-  profile_ = std::move(profile);
-}
-
 void DeviceTier::begin_step() {
   for (auto& t : tiered_) {
     if (t) t->begin_step();
@@ -66,8 +57,11 @@ void DeviceTier::begin_step() {
   // A profile given up front (or restored) places experts before the first step.
   if (placement_.count() == 0 && profile_.steps() > 0 &&
       config_.planner.mode != PlacementMode::host) {
-    apply(planner_.plan(profile_), pending_);
-    pending_.replacements = 1;
+    const Placement first = planner_.plan(profile_);
+    if (first.count() > 0) {
+      apply(first, pending_);
+      ++pending_.replacements;
+    }
   }
 }
 

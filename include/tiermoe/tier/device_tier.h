@@ -68,8 +68,6 @@ class DeviceTier {
   Device& device() { return *device_; }
   RoutingProfile& profile() { return profile_; }
   const RoutingProfile& profile() const { return profile_; }
-  // Replaces the profile (a resumed run): re-plans from it.
-  void set_profile(RoutingProfile profile);
   const Placement& placement() const { return placement_; }
   const PlacementPlanner& planner() const { return planner_; }
   const DeviceTierConfig& config() const { return config_; }
