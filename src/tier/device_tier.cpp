@@ -1,16 +1,8 @@
 #include "tiermoe/tier/device_tier.h"
 
-#include <chrono>
+#include "tiermoe/core/timer.h"
 
 namespace tiermoe {
-
-namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
-}  // namespace
 
 DeviceTier::DeviceTier(Device& device, DeviceTierConfig config, ExpertShape shape, int64_t layers,
                        int64_t experts, std::optional<RoutingProfile> profile_in)
@@ -67,7 +59,7 @@ void DeviceTier::begin_step() {
 
 void DeviceTier::apply(const Placement& target, TierStepStats& stats) {
   const bool with_grads = config_.planner.train == TrainMode::full;
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   // Evictions first, so the memory they free is there for the experts moving in.
   for (int64_t l = 0; l < layers_; ++l) {
     TieredExperts* t = tiered_[size_t(l)].get();
@@ -108,7 +100,7 @@ TierStepStats DeviceTier::end_step(bool weights_changed) {
   }
   s.faults += s.total.faults;
   if (weights_changed && config_.planner.train == TrainMode::full) {
-    const auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     for (auto& t : tiered_) {
       if (t) s.bytes_synced += t->upload_weights();
     }

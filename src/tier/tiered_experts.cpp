@@ -1,18 +1,14 @@
 #include "tiermoe/tier/tiered_experts.h"
 
 #include <algorithm>
-#include <chrono>
 #include <exception>
 
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/core/timer.h"
 
 namespace tiermoe {
 
 namespace {
-
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
 
 std::vector<uint8_t> complement(const std::vector<uint8_t>& on) {
   std::vector<uint8_t> out(on.size());
@@ -226,7 +222,7 @@ void TieredExperts::stage_rows(const DeviceTensor& slot, const Tensor& rows) {
 }
 
 void TieredExperts::run_host(const std::function<void()>& fn) {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   const int before = num_threads();
   if (host_threads_ > 0) set_num_threads(host_threads_);
   try {
@@ -240,7 +236,7 @@ void TieredExperts::run_host(const std::function<void()>& fn) {
 }
 
 bool TieredExperts::sync_device() {
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   try {
     device_->sync();
   } catch (const DeviceError&) {
