@@ -5,11 +5,11 @@
 // process and the first launch of a graph are slow) and keeps the median of
 // a few timed repeats.
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
+#include "tiermoe/core/timer.h"
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/saved.h"
 #include "tiermoe/tier/cost_model.h"
@@ -33,9 +33,9 @@ double median_seconds(int repeats, Fn&& fn) {
   std::vector<double> t;
   double spent = 0;
   for (int i = 0; i < repeats && (i == 0 || spent < kTimedBudgetS); ++i) {
-    auto t0 = std::chrono::steady_clock::now();
+    const auto t0 = Clock::now();
     fn();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    t.push_back(seconds_since(t0));
     spent += t.back();
   }
   std::sort(t.begin(), t.end());

@@ -1,6 +1,5 @@
 #include "tiermoe/tier/cpu_device.h"
 
-#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +14,7 @@
 
 #include "expert_graphs.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/core/timer.h"
 
 namespace tiermoe {
 
@@ -113,7 +113,7 @@ void CpuDevice::Impl::run_one(std::unique_lock<std::mutex>& lk, Op op) {
   }
   running = true;
   lk.unlock();
-  const auto t0 = std::chrono::steady_clock::now();
+  const auto t0 = Clock::now();
   std::string error;
   std::exception_ptr exception;
   try {
@@ -126,8 +126,7 @@ void CpuDevice::Impl::run_one(std::unique_lock<std::mutex>& lk, Op op) {
     error = "unknown exception";
     exception = std::current_exception();
   }
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double seconds = seconds_since(t0);
   lk.lock();
   running = false;
   if (op.kind == OpKind::warm_up) {
