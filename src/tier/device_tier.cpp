@@ -1,5 +1,7 @@
 #include "tiermoe/tier/device_tier.h"
 
+#include <algorithm>
+
 #include "tiermoe/core/timer.h"
 
 namespace tiermoe {
@@ -42,52 +44,63 @@ TieredExperts& DeviceTier::attach(int64_t layer, GroupedExperts& experts, HostEx
   return *tiered_[size_t(layer)];
 }
 
+bool DeviceTier::any_device_capable() const {
+  return std::any_of(tiered_.begin(), tiered_.end(),
+                     [](const auto& t) { return t && t->device_capable(); });
+}
+
 void DeviceTier::begin_step() {
   for (auto& t : tiered_) {
     if (t) t->begin_step();
   }
   // A profile given up front (or restored) places experts before the first step.
   if (placement_.count() == 0 && profile_.steps() > 0 &&
-      config_.planner.mode != PlacementMode::host) {
+      config_.planner.mode != PlacementMode::host && any_device_capable()) {
     const Placement first = planner_.plan(profile_);
-    if (first.count() > 0) {
-      apply(first, pending_);
-      ++pending_.replacements;
-    }
+    if (first.count() > 0 && apply(first, pending_)) ++pending_.replacements;
   }
 }
 
-void DeviceTier::apply(const Placement& target, TierStepStats& stats) {
+bool DeviceTier::apply(const Placement& target, TierStepStats& stats) {
   const bool with_grads = config_.planner.train == TrainMode::full;
   const auto t0 = Clock::now();
+  const Placement before = placement_;
+  // Experts with a LoRA adapter or a postprocess stay on the host.
+  auto capable = [&](int64_t l) {
+    const TieredExperts* t = tiered_[size_t(l)].get();
+    return t && t->device_capable();
+  };
   // Evictions first, so the memory they free is there for the experts moving in.
   for (int64_t l = 0; l < layers_; ++l) {
-    TieredExperts* t = tiered_[size_t(l)].get();
-    if (!t || !t->device_capable()) continue;
-    std::vector<uint8_t> keep = t->resident();
+    if (!capable(l)) continue;
+    TieredExperts& t = *tiered_[size_t(l)];
+    std::vector<uint8_t> keep = t.resident();
     for (size_t e = 0; e < keep.size(); ++e) keep[e] = keep[e] && target.resident[size_t(l)][e];
-    t->set_resident(keep, with_grads);
+    t.set_resident(keep, with_grads);
   }
   for (int64_t l = 0; l < layers_; ++l) {
-    // Experts with a LoRA adapter or a postprocess stay on the host.
-    TieredExperts* t = tiered_[size_t(l)].get();
-    if (!t || !t->device_capable()) continue;
-    const std::vector<uint8_t> before = t->resident();
+    if (!capable(l)) continue;
+    TieredExperts& t = *tiered_[size_t(l)];
     try {
-      stats.bytes_moved += t->set_resident(target.resident[size_t(l)], with_grads);
+      stats.bytes_moved += t.set_resident(target.resident[size_t(l)], with_grads);
     } catch (const DeviceOutOfMemory&) {
       // What fitted stays; plan within it from now on.
       ++stats.faults;
       planner_.shrink_budget(device_->used());
     }
-    const std::vector<uint8_t>& after = t->resident();
-    for (size_t e = 0; e < after.size(); ++e) {
-      stats.moved_in += after[e] && !before[e];
-      stats.moved_out += before[e] && !after[e];
+    placement_.resident[size_t(l)] = t.resident();
+  }
+  int64_t moved = 0;
+  for (int64_t l = 0; l < layers_; ++l) {
+    for (int64_t e = 0; e < experts_; ++e) {
+      const bool was = before.is_resident(l, e), now = placement_.is_resident(l, e);
+      stats.moved_in += now && !was;
+      stats.moved_out += was && !now;
+      moved += now != was;
     }
-    placement_.resident[size_t(l)] = after;
   }
   stats.move_s += seconds_since(t0);
+  return moved > 0;
 }
 
 TierStepStats DeviceTier::end_step(bool weights_changed) {
@@ -108,7 +121,8 @@ TierStepStats DeviceTier::end_step(bool weights_changed) {
   }
   profile_.end_step();
   s.drift = profile_.drift();
-  if (config_.planner.mode != PlacementMode::host && (config_.replan || placement_.count() == 0)) {
+  if (config_.planner.mode != PlacementMode::host && any_device_capable() &&
+      (config_.replan || placement_.count() == 0)) {
     std::optional<Placement> target;
     if (placement_.count() == 0) {
       Placement first = planner_.plan(profile_);
@@ -116,10 +130,7 @@ TierStepStats DeviceTier::end_step(bool weights_changed) {
     } else if (auto r = planner_.replan(placement_, profile_)) {
       target = std::move(r->placement);
     }
-    if (target) {
-      apply(*target, s);
-      ++s.replacements;
-    }
+    if (target && apply(*target, s)) ++s.replacements;
   }
   s.resident = placement_.count();
   s.predicted_step_s = planner_.predict(placement_, profile_).step_s;

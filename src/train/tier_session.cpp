@@ -98,6 +98,10 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
                                        model.config().num_experts, std::move(profile));
   device_->inject(config_.faults);
   model.attach_device_tier(*tier_);
+  if (log && !tier_->any_device_capable()) {
+    *log << "tier: note: every MoE layer's experts carry a LoRA adapter (gate/up/down_proj in "
+            "--lora-targets), which the device graphs do not run: all experts stay on the host\n";
+  }
 }
 
 TierSession::~TierSession() {

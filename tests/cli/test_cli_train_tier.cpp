@@ -75,6 +75,16 @@ TEST_F(CliTrainTier, PlacementHostKeepsEveryExpertOnTheHost) {
   EXPECT_EQ(j.at("device_calls").get<int64_t>(), 0);
 }
 
+TEST_F(CliTrainTier, ExpertAdaptersKeepTheExpertsOnTheHostAndSaySo) {
+  const RunResult r = run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
+                                 "device", "--lora-rank", "4", "--lora-targets", "gate_proj"}));
+  ASSERT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "all experts stay on the host")) << r.err;
+  const json j = last_json_line(r.out);
+  EXPECT_EQ(j.at("hot_fraction").get<double>(), 0.0);
+  EXPECT_EQ(j.at("replacements").get<int64_t>(), 0);
+}
+
 TEST_F(CliTrainTier, BadFlagsAreClearErrors) {
   struct Bad {
     std::vector<std::string> args;

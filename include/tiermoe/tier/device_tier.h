@@ -71,11 +71,15 @@ class DeviceTier {
   const Placement& placement() const { return placement_; }
   const PlacementPlanner& planner() const { return planner_; }
   const DeviceTierConfig& config() const { return config_; }
+  // Whether any attached layer can run on the device at all (experts with a
+  // LoRA adapter or an output postprocess stay on the host).
+  bool any_device_capable() const;
 
  private:
   // Makes `target` resident, layer by layer; on DeviceOutOfMemory keeps what
-  // fitted and shrinks the budget. Updates placement_ to what is resident.
-  void apply(const Placement& target, TierStepStats& stats);
+  // fitted and shrinks the budget. Updates placement_ to what is resident;
+  // returns whether any expert moved.
+  bool apply(const Placement& target, TierStepStats& stats);
 
   Device* device_;
   DeviceTierConfig config_;
