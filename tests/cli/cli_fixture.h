@@ -7,6 +7,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -61,6 +63,16 @@ class Cli : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// The JSON object a --json command prints as its last non-empty stdout line.
+inline nlohmann::json last_json_line(const std::string& out) {
+  std::istringstream in(out);
+  std::string line, last;
+  while (std::getline(in, line)) {
+    if (!line.empty()) last = line;
+  }
+  return nlohmann::json::parse(last);
+}
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;

@@ -9,12 +9,6 @@
 namespace tiermoe {
 namespace {
 
-nlohmann::json last_json_line(const std::string& out) {
-  auto end = out.find_last_not_of('\n');
-  auto begin = out.rfind('\n', end);
-  return nlohmann::json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
-}
-
 TEST_F(Cli, BenchMoeLayerJsonHasTheContractKeys) {
   RunResult r = run({"bench", "moe-layer", "--preset", "tiny", "--tokens", "64", "--iters", "1",
                      "--warmup", "0", "--mode", "full", "--json"});

@@ -12,12 +12,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-Json last_json_line(const std::string& out) {
-  auto end = out.find_last_not_of('\n');
-  auto begin = out.rfind('\n', end);
-  return Json::parse(out.substr(begin == std::string::npos ? 0 : begin + 1));
-}
-
 // Given rates, so nothing is measured and the plan is deterministic.
 const std::vector<std::string> kRates = {"--host-tflops", "0.1", "--device-tflops", "1",
                                          "--link-gbps",   "10",  "--launch-us",     "5"};

@@ -24,15 +24,6 @@ std::vector<std::string> quick(std::vector<std::string> extra) {
   return args;
 }
 
-json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  return json::parse(last);
-}
-
 std::map<std::string, std::string> snapshot(const fs::path& dir) {
   std::map<std::string, std::string> files;
   for (const auto& e : fs::recursive_directory_iterator(dir)) {

@@ -21,15 +21,6 @@ std::vector<std::string> quick(std::vector<std::string> extra) {
   return args;
 }
 
-json last_json_line(const std::string& out) {
-  std::istringstream in(out);
-  std::string line, last;
-  while (std::getline(in, line)) {
-    if (!line.empty()) last = line;
-  }
-  return json::parse(last);
-}
-
 using CliTrainTier = Cli;
 
 TEST_F(CliTrainTier, CpuDeviceGivesTheHostLossesAndReportsItsWork) {
