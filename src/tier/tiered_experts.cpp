@@ -16,21 +16,6 @@ std::vector<uint8_t> complement(const std::vector<uint8_t>& on) {
   return out;
 }
 
-// Windows of consecutive tensors in one buffer, packed as bytes_resident
-// (cost_model.h) counts them.
-class Packer {
- public:
-  DeviceTensor next(Shape shape, DType dt) {
-    DeviceTensor t{DeviceBuffer{}, offset_, std::move(shape), dt};
-    offset_ += t.nbytes();
-    return t;
-  }
-  size_t bytes() const { return offset_; }
-
- private:
-  size_t offset_ = 0;
-};
-
 // Work queued on the device reads and writes host buffers until it has run:
 // if the host side throws before the sync, wait for that work before the
 // buffers go away (its own failure, if any, is moot by then).
@@ -51,13 +36,46 @@ class DrainOnUnwind {
 
 }  // namespace
 
+// One expert's parameter-shaped tensors (w13, w2 [, b13, b2]) packed in one
+// device buffer, as bytes_resident (cost_model.h) counts them: its weights,
+// or in full fine-tuning its weight-gradient sums.
+struct TieredExperts::ExpertBlock {
+  DeviceBuffer buffer;
+  DeviceTensor w13_FD, w2_DF, b13_F, b2_D;
+};
+
 // A resident expert's device memory: its weights, and with weight grads the
 // per-call gradient sums (moe/expert_math.h's rule, continued launch by launch).
 struct TieredExperts::Resident {
-  DeviceBuffer weights, sums;
-  DeviceTensor w13_FD, w2_DF, b13_F, b2_D;
-  DeviceTensor dw13_FD, dw2_DF, db13_F, db2_D;
+  ExpertBlock weights, sums;
 };
+
+TieredExperts::ExpertBlock TieredExperts::alloc_block(DType dt, BufferUsage usage,
+                                                      const std::string& what) {
+  const ExpertsConfig& cfg = experts_->config();
+  const int64_t D = cfg.hidden, F = cfg.ffn;
+  ExpertBlock b;
+  size_t offset = 0;
+  auto next = [&](Shape shape) {
+    DeviceTensor t{DeviceBuffer{}, offset, std::move(shape), dt};
+    offset += t.nbytes();
+    return t;
+  };
+  b.w13_FD = next({2 * F, D});
+  b.w2_DF = next({D, F});
+  if (cfg.bias) {
+    b.b13_F = next({2 * F});
+    b.b2_D = next({D});
+  }
+  b.buffer = device_->alloc(offset, usage, what);
+  for (DeviceTensor* t : {&b.w13_FD, &b.w2_DF, &b.b13_F, &b.b2_D}) t->buffer = b.buffer;
+  return b;
+}
+
+void TieredExperts::free_block(ExpertBlock& b) {
+  if (b.buffer.valid()) device_->free(b.buffer);
+  b = {};
+}
 
 TieredExperts::TieredExperts(GroupedExperts& experts, HostExperts& host, Device& device,
                              TierWorkspace& workspace, std::vector<int64_t> buckets)
@@ -79,8 +97,8 @@ TieredExperts::TieredExperts(GroupedExperts& experts, HostExperts& host, Device&
 TieredExperts::~TieredExperts() {
   for (auto& r : state_) {
     if (!r) continue;
-    if (r->weights.valid()) device_->free(r->weights);
-    if (r->sums.valid()) device_->free(r->sums);
+    free_block(r->weights);
+    free_block(r->sums);
   }
 }
 
@@ -97,14 +115,14 @@ int64_t TieredExperts::resident_count() const {
 size_t TieredExperts::device_bytes() const {
   size_t n = 0;
   for (const auto& r : state_) {
-    if (r) n += r->weights.bytes + r->sums.bytes;
+    if (r) n += r->weights.buffer.bytes + r->sums.buffer.bytes;
   }
   return n;
 }
 
 size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool with_grads) {
   const ExpertsConfig& cfg = experts_->config();
-  const int64_t E = cfg.num_experts, D = cfg.hidden, F = cfg.ffn;
+  const int64_t E = cfg.num_experts;
   TIERMOE_CHECK(int64_t(resident_E.size()) == E,
                 detail::str_of("a placement of ", resident_E.size(), " experts for ", E), name(),
                 "plan with this layer's expert count");
@@ -112,16 +130,13 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
                     std::none_of(resident_E.begin(), resident_E.end(), [](uint8_t r) { return r; }),
                 "these experts cannot run on the device (a LoRA adapter or a postprocess)", name(),
                 "keep them on the host (--placement host)");
-  const DType dt = experts_->dtype();
-  const DType gdt = experts_->grad_dtype();
   size_t uploaded = 0;
   for (int64_t e = 0; e < E; ++e) {
     auto& r = state_[size_t(e)];
-    const bool want = resident_E[size_t(e)];
-    if (!want) {
+    if (!resident_E[size_t(e)]) {
       if (r) {
-        if (r->weights.valid()) device_->free(r->weights);
-        if (r->sums.valid()) device_->free(r->sums);
+        free_block(r->weights);
+        free_block(r->sums);
         r.reset();
       }
       resident_[size_t(e)] = 0;
@@ -130,44 +145,30 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
     const std::string what = detail::str_of(experts_->name(), ".", e);
     if (!r) {
       auto fresh = std::make_unique<Resident>();
-      Packer p;
-      fresh->w13_FD = p.next({2 * F, D}, dt);
-      fresh->w2_DF = p.next({D, F}, dt);
-      if (cfg.bias) {
-        fresh->b13_F = p.next({2 * F}, dt);
-        fresh->b2_D = p.next({D}, dt);
-      }
-      fresh->weights = device_->alloc(p.bytes(), BufferUsage::weights, what + " weights");
-      for (DeviceTensor* t : {&fresh->w13_FD, &fresh->w2_DF, &fresh->b13_F, &fresh->b2_D}) {
-        t->buffer = fresh->weights;
-      }
-      const ExpertWeights w = experts_->weights(e);
-      upload_tensor(*device_, fresh->w13_FD, w.w13_FD);
-      upload_tensor(*device_, fresh->w2_DF, w.w2_DF);
-      if (cfg.bias) {
-        upload_tensor(*device_, fresh->b13_F, w.b13_F);
-        upload_tensor(*device_, fresh->b2_D, w.b2_D);
-      }
-      uploaded += p.bytes();
+      fresh->weights = alloc_block(experts_->dtype(), BufferUsage::weights, what + " weights");
+      upload_expert(e, fresh->weights);
+      uploaded += fresh->weights.buffer.bytes;
       r = std::move(fresh);
       resident_[size_t(e)] = 1;
     }
-    if (with_grads && !r->sums.valid()) {
-      Packer p;
-      r->dw13_FD = p.next({2 * F, D}, gdt);
-      r->dw2_DF = p.next({D, F}, gdt);
-      if (cfg.bias) {
-        r->db13_F = p.next({2 * F}, gdt);
-        r->db2_D = p.next({D}, gdt);
-      }
-      r->sums = device_->alloc(p.bytes(), BufferUsage::grads, what + " gradient sums");
-      for (DeviceTensor* t : {&r->dw13_FD, &r->dw2_DF, &r->db13_F, &r->db2_D}) t->buffer = r->sums;
-    } else if (!with_grads && r->sums.valid()) {
-      device_->free(r->sums);
+    if (with_grads && !r->sums.buffer.valid()) {
+      r->sums = alloc_block(experts_->grad_dtype(), BufferUsage::grads, what + " gradient sums");
+    } else if (!with_grads) {
+      free_block(r->sums);
     }
   }
   device_->sync();
   return uploaded;
+}
+
+void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
+  const ExpertWeights w = experts_->weights(e);
+  upload_tensor(*device_, on_device.w13_FD, w.w13_FD);
+  upload_tensor(*device_, on_device.w2_DF, w.w2_DF);
+  if (experts_->config().bias) {
+    upload_tensor(*device_, on_device.b13_F, w.b13_F);
+    upload_tensor(*device_, on_device.b2_D, w.b2_D);
+  }
 }
 
 size_t TieredExperts::upload_weights() {
@@ -175,14 +176,8 @@ size_t TieredExperts::upload_weights() {
   for (int64_t e = 0; e < num_experts(); ++e) {
     const auto& r = state_[size_t(e)];
     if (!r) continue;
-    const ExpertWeights w = experts_->weights(e);
-    upload_tensor(*device_, r->w13_FD, w.w13_FD);
-    upload_tensor(*device_, r->w2_DF, w.w2_DF);
-    if (experts_->config().bias) {
-      upload_tensor(*device_, r->b13_F, w.b13_F);
-      upload_tensor(*device_, r->b2_D, w.b2_D);
-    }
-    bytes += r->weights.bytes;
+    upload_expert(e, r->weights);
+    bytes += r->weights.buffer.bytes;
   }
   device_->sync();
   return bytes;
@@ -275,14 +270,14 @@ void TieredExperts::enqueue_forward(int64_t e, Tensor* y_ND, Tensor* h_N2F, Tens
                        h = ws_->slot("h_G2F", G), a = ws_->slot("a_GF", G);
     stage_rows(x, x_ND.rows(c, c + m));
     GraphArgs args;
-    args.set("x_GD", x).set("w13_FD", r.w13_FD).set("w2_DF", r.w2_DF);
+    args.set("x_GD", x).set("w13_FD", r.weights.w13_FD).set("w2_DF", r.weights.w2_DF);
     args.set("y_GD", y).set("h_G2F", h).set("a_GF", a);
     if (absorb) {
       const DeviceTensor s = ws_->slot("score_G", G);
       stage_rows(s, score_N.rows(c, c + m));
       args.set("score_G", s);
     }
-    if (bias) args.set("b13_F", r.b13_F).set("b2_D", r.b2_D);
+    if (bias) args.set("b13_F", r.weights.b13_F).set("b2_D", r.weights.b2_D);
     device_->launch(graph, std::move(args));
     auto fetch = [&](Tensor* dst, const DeviceTensor& src) {
       if (!dst) return;
@@ -312,7 +307,8 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
     stage_rows(dy, dy_ND.rows(c, c + m));
     stage_rows(h, saved.get("h_N2F").rows(c, c + m));
     GraphArgs args;
-    args.set("dy_GD", dy).set("h_G2F", h).set("w13_FD", r.w13_FD).set("w2_DF", r.w2_DF);
+    args.set("dy_GD", dy).set("h_G2F", h).set("w13_FD", r.weights.w13_FD);
+    args.set("w2_DF", r.weights.w2_DF);
     args.set("dx_GD", dx);
     if (absorb || sums_host) {
       const DeviceTensor a = ws_->slot("a_GF", G);
@@ -324,12 +320,12 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
       stage_rows(s, score_N.rows(c, c + m));
       args.set("score_G", s).set("dscore_G", ws_->slot("dscore_G", G));
     }
-    if (bias) args.set("b13_F", r.b13_F).set("b2_D", r.b2_D);
+    if (bias) args.set("b13_F", r.weights.b13_F).set("b2_D", r.weights.b2_D);
     if (sums_host) {
       const DeviceTensor x = ws_->slot("x_GD", G);
       stage_rows(x, saved.get("x_ND").rows(c, c + m));
-      args.set("x_GD", x).set("dw13_FD", r.dw13_FD).set("dw2_DF", r.dw2_DF);
-      if (bias) args.set("db13_F", r.db13_F).set("db2_D", r.db2_D);
+      args.set("x_GD", x).set("dw13_FD", r.sums.w13_FD).set("dw2_DF", r.sums.w2_DF);
+      if (bias) args.set("db13_F", r.sums.b13_F).set("db2_D", r.sums.b2_D);
       args.ints["sum_started"] = c > b;
     }
     device_->launch(graph, std::move(args));
@@ -342,11 +338,11 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
     stats_.padded_rows += G - m;
   }
   if (sums_host) {
-    download_tensor(*device_, sums_host->dw13_FD, r.dw13_FD);
-    download_tensor(*device_, sums_host->dw2_DF, r.dw2_DF);
+    download_tensor(*device_, sums_host->dw13_FD, r.sums.w13_FD);
+    download_tensor(*device_, sums_host->dw2_DF, r.sums.w2_DF);
     if (bias) {
-      download_tensor(*device_, sums_host->db13_F, r.db13_F);
-      download_tensor(*device_, sums_host->db2_D, r.db2_D);
+      download_tensor(*device_, sums_host->db13_F, r.sums.b13_F);
+      download_tensor(*device_, sums_host->db2_D, r.sums.b2_D);
     }
   }
 }
@@ -418,7 +414,7 @@ void TieredExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_N
   if (weight_grads) {
     experts_->allocate_grads();
     // Experts made resident for dx only (LoRA placement) have no sums.
-    for (size_t e = 0; e < dev.size(); ++e) dev[e] = dev[e] && state_[e]->sums.valid();
+    for (size_t e = 0; e < dev.size(); ++e) dev[e] = dev[e] && state_[e]->sums.buffer.valid();
     if (std::none_of(dev.begin(), dev.end(), [](uint8_t d) { return d; })) dev.clear();
   }
   if (dev.empty()) {

@@ -117,7 +117,12 @@ class TieredExperts final : public ExpertExecutor {
   TierLayerStats take_stats();
 
  private:
+  struct ExpertBlock;
   struct Resident;
+  ExpertBlock alloc_block(DType dt, BufferUsage usage, const std::string& what);
+  void free_block(ExpertBlock& block);
+  // Expert e's host weights into its device block.
+  void upload_expert(int64_t e, const ExpertBlock& on_device);
   // Experts whose rows this call sends to the device (empty: none).
   std::vector<uint8_t> device_experts(const std::vector<int64_t>& offset_E) const;
   // Expert e's forward rows on the device; the products whose destination
