@@ -44,6 +44,23 @@ TieredExperts& DeviceTier::attach(int64_t layer, GroupedExperts& experts, HostEx
   return *tiered_[size_t(layer)];
 }
 
+void TierStepStats::add(const TierStepStats& later) {
+  if (layers.size() < later.layers.size()) layers.resize(later.layers.size());
+  for (size_t l = 0; l < later.layers.size(); ++l) layers[l].add(later.layers[l]);
+  total.add(later.total);
+  drift = later.drift;
+  resident = later.resident;
+  replacements += later.replacements;
+  moved_in += later.moved_in;
+  moved_out += later.moved_out;
+  bytes_moved += later.bytes_moved;
+  move_s += later.move_s;
+  bytes_synced += later.bytes_synced;
+  sync_s += later.sync_s;
+  predicted_step_s = later.predicted_step_s;
+  faults += later.faults;
+}
+
 bool DeviceTier::any_device_capable() const {
   return std::any_of(tiered_.begin(), tiered_.end(),
                      [](const auto& t) { return t && t->device_capable(); });

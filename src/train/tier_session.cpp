@@ -109,28 +109,7 @@ TierSession::~TierSession() {
 }
 
 json TierSession::summary_json() const {
-  TierLayerStats total;
-  int64_t replacements = 0, faults = 0;
-  size_t moved = 0, synced = 0;
-  double move_s = 0, sync_s = 0;
-  for (const TierStepStats& s : steps_) {
-    total.add(s.total);
-    replacements += s.replacements;
-    faults += s.faults;
-    moved += s.bytes_moved;
-    synced += s.bytes_synced;
-    move_s += s.move_s;
-    sync_s += s.sync_s;
-  }
-  json j = tier_totals_json(total);
-  j["bytes_up"] = total.bytes_up + moved + synced;  // activations, placement moves, weight syncs
-  j["replacements"] = replacements;
-  j["faults"] = faults;
-  j["bytes_moved"] = moved;
-  j["move_s"] = move_s;
-  j["bytes_synced"] = synced;
-  j["sync_s"] = sync_s;
-  j["resident"] = tier_->placement().count();
+  json j = tier_step_json(run_);
   j["device"] = device_->name();
   j["placement"] = config_.placement;
   j["device_memory"] = config_.device_memory;

@@ -46,6 +46,10 @@ struct TierStepStats {
   double sync_s = 0;
   double predicted_step_s = 0;  // the planner's step time for the placement now
   int64_t faults = 0;           // device faults (launches and allocations)
+  // A later step's stats into these (a run's totals): counts, bytes and
+  // times add up, per layer too; drift, resident and the prediction are the
+  // later step's.
+  void add(const TierStepStats& later);
 };
 
 class DeviceTier {

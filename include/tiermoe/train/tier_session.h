@@ -11,7 +11,6 @@
 #include <optional>
 #include <ostream>
 #include <string>
-#include <vector>
 
 #include "tiermoe/model/causal_lm.h"
 #include "tiermoe/tier/cost_model.h"
@@ -51,10 +50,11 @@ class TierSession {
 
   DeviceTier& tier() { return *tier_; }
   Device& device() { return *device_; }
-  // Every step's stats, for the run summary.
-  void record(const TierStepStats& s) { steps_.push_back(s); }
-  // The run's totals for the --json summary (DESIGN.md's keys: hot_fraction,
-  // device_calls, bytes_up, bytes_down, replacements, and the time split).
+  // A step's stats, into the run's totals.
+  void record(const TierStepStats& s) { run_.add(s); }
+  // The run's totals for the --json summary, in the per-step metrics' format
+  // (DESIGN.md's keys: hot_fraction, device_calls, bytes_up, bytes_down,
+  // replacements, and the time split), with the tier's settings.
   nlohmann::json summary_json() const;
   // Writes --profile-out (if given).
   void finish(std::ostream* log) const;
@@ -63,7 +63,7 @@ class TierSession {
   TierRunConfig config_;
   std::unique_ptr<Device> device_;
   std::unique_ptr<DeviceTier> tier_;
-  std::vector<TierStepStats> steps_;
+  TierStepStats run_;
 };
 
 }  // namespace tiermoe
