@@ -55,16 +55,16 @@ void dw_blocked(KernelSet k, Tensor& sum_NK, const Tensor& dy_MN, const Tensor& 
 
 }  // namespace
 
-ExpertGrads ExpertGrads::zeros(const ExpertsConfig& cfg, DType g, MemTag tag) {
+ExpertGrads ExpertGrads::empty(const ExpertsConfig& cfg, DType g, MemTag tag) {
   const int64_t D = cfg.hidden, F = cfg.ffn;
   ExpertGrads s;
-  s.dw13_FD = Tensor::zeros({2 * F, D}, g, tag);
-  s.dw2_DF = Tensor::zeros({D, F}, g, tag);
+  s.dw13_FD = Tensor::empty({2 * F, D}, g, tag);
+  s.dw2_DF = Tensor::empty({D, F}, g, tag);
   if (cfg.bias) {
-    s.db13_F = Tensor::zeros({2 * F}, g, tag);
-    s.db2_D = Tensor::zeros({D}, g, tag);
+    s.db13_F = Tensor::empty({2 * F}, g, tag);
+    s.db2_D = Tensor::empty({D}, g, tag);
   }
-  if (cfg.post_norm) s.dnorm_D = Tensor::zeros({D}, g, tag);
+  if (cfg.post_norm) s.dnorm_D = Tensor::empty({D}, g, tag);
   return s;
 }
 

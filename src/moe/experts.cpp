@@ -171,7 +171,7 @@ void GroupedExperts::backward_rows(int64_t e, Tensor& dx_MD, Tensor& dscore_M, c
     return;
   }
   // This call's sum, added once to the accumulated grads (expert_math.h).
-  ExpertGrads sum = ExpertGrads::zeros(cfg_, grad_dtype());
+  ExpertGrads sum = ExpertGrads::empty(cfg_, grad_dtype());
   expert_backward(math(e), dx_MD, dscore_M, dy_MD, acts, score_M, &sum, false);
   grads(e).add(sum);
 }

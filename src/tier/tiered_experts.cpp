@@ -430,7 +430,7 @@ void TieredExperts::backward(Tensor& dx_ND, Tensor& dscore_N, const Tensor& dy_N
     if (!dev[size_t(e)]) continue;
     ExpertGrads* s = nullptr;
     if (weight_grads) {
-      sums[size_t(e)] = ExpertGrads::zeros(cfg, experts_->grad_dtype());
+      sums[size_t(e)] = ExpertGrads::empty(cfg, experts_->grad_dtype());
       s = &sums[size_t(e)];
     }
     enqueue_backward(e, dx_ND, dscore_N, dy_ND, offset_E, score_N, saved, s);

@@ -36,8 +36,9 @@ struct ExpertWeights {
 struct ExpertGrads {
   Tensor dw13_FD, dw2_DF, db13_F, db2_D, dnorm_D;
   bool defined() const { return dw13_FD.defined(); }
-  // Zeroed sums for an expert of `cfg` (bias and norm grads as it carries).
-  static ExpertGrads zeros(const ExpertsConfig& cfg, DType grad_dtype,
+  // Sums for an expert of `cfg` (bias and norm grads as it carries), not
+  // initialised: expert_backward starts them (or a download fills them).
+  static ExpertGrads empty(const ExpertsConfig& cfg, DType grad_dtype,
                            MemTag tag = MemTag::activations);
   // this += sum, elementwise in grad dtype (the one add of the rule above).
   void add(const ExpertGrads& sum);
