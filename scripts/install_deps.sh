@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(
   cmake ninja-build g++ make pkg-config
-  libdnnl-dev          # oneDNN: bf16 GEMM on AMX (and f32 on AVX-512)
+  libdnnl-dev          # oneDNN: f32 GEMM on AVX-512, attention
+  ocl-icd-opencl-dev   # oneDNN's CMake config requires OpenCL (only a Recommends of libdnnl-dev)
   nlohmann-json3-dev   # config.json, safetensors headers, --json output
   libcli11-dev         # the tiermoe command line
   libgtest-dev libgmock-dev googletest
