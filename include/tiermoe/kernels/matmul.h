@@ -1,8 +1,8 @@
 #pragma once
 // Matrix products of a linear layer, y = x W^T (nn.Linear's [out, in] weights),
 // and its backward products. Every entry point exists twice with the same
-// signature: ref:: (plain loops, the oracle) and cpu:: (the fast path: oneDNN,
-// AMX for bf16 where the CPU has it).
+// signature: ref:: (plain loops, the oracle) and cpu:: (the fast path:
+// TierMoE's blocked GEMM on the process's ISA, kernels/cpu_isa.h).
 //
 // Dtypes: x, w and dy share one compute dtype T. Outputs are T, or f32 when T
 // is bf16 (the f32 accumulator is then kept unrounded, e.g. for fp32 weight
@@ -17,8 +17,8 @@
 //   whatever the number of rows computed with it (M = 5 or 64, 100 or 128).
 // - cpu backward_dw: appending zero rows to dy and x leaves dw bitwise
 //   unchanged (an expert's rows padded to a bucket).
-// Checked on AVX-512 (brgemm avx512_core / avx512_core_bf16); the AMX path
-// is expected to hold them and the same tests check it on AMX machines.
+// They hold by construction on every TierMoE ISA (kernels/cpu/gemm/), not on
+// the `onednn` baseline.
 #include "tiermoe/core/tensor.h"
 
 namespace tiermoe {

@@ -1,0 +1,151 @@
+#include "driver.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe::cpu::gemm {
+namespace {
+
+std::atomic<int64_t> g_growths{0};
+
+// A thread's packing and accumulation buffers. Each is sized for a whole
+// block of the microkernel that asks and only grows, so after a thread's
+// first product of each dtype no call allocates.
+class Buffer {
+ public:
+  ~Buffer() { std::free(ptr_); }
+  void* get(int64_t bytes) {
+    if (bytes > size_) {
+      std::free(ptr_);
+      size_ = round_up(bytes, 4096);
+      ptr_ = std::aligned_alloc(64, size_t(size_));
+      if (!ptr_) throw std::bad_alloc();
+      g_growths.fetch_add(1, std::memory_order_relaxed);
+    }
+    return ptr_;
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  int64_t size_ = 0;
+};
+
+struct Scratch {
+  Buffer a, b, acc;
+};
+
+Scratch& scratch() {
+  thread_local Scratch s;
+  return s;
+}
+
+// One block of C: rows [i0, i0 + rows) x columns [j0, j0 + cols).
+void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int64_t i0,
+               int64_t rows, int64_t j0, int64_t cols) {
+  const int64_t mr = uk.mr, nr = uk.nr, nc = block_cols(uk);
+  const int64_t Kp = round_up(p.K, uk.k_step);
+  const int64_t m_panels = ceil_div(rows, mr), n_panels = ceil_div(cols, nr);
+  Scratch& s = scratch();
+  float* acc = static_cast<float*>(s.acc.get(block_rows(uk) * nc * 4));
+  if (Kp == 0) std::memset(acc, 0, size_t(block_rows(uk) * nc * 4));
+  const int64_t a_bytes = a_panel_bytes(uk, kKc), b_bytes = b_panel_bytes(uk, kKc);
+  char* a_pack = static_cast<char*>(s.a.get(block_rows(uk) / mr * a_bytes));
+  char* b_pack = p.b_packed ? nullptr : static_cast<char*>(s.b.get(nc / nr * b_bytes));
+  const int64_t b_full = b_panel_bytes(uk, Kp);
+  for (int64_t k0 = 0; k0 < Kp; k0 += kKc) {
+    const int64_t kc = std::min(kKc, Kp - k0);
+    for (int64_t ip = 0; ip < m_panels; ++ip) {
+      pack_a(uk, p.a, i0 + ip * mr, std::min(mr, rows - ip * mr), k0, kc, p.K,
+             a_pack + ip * a_bytes);
+    }
+    for (int64_t jp = 0; jp < n_panels; ++jp) {
+      const int64_t j = j0 + jp * nr;
+      const void* b_panel;
+      if (p.b_packed) {
+        b_panel = static_cast<const char*>(p.b_packed) + (j / nr) * b_full + b_panel_bytes(uk, k0);
+      } else {
+        pack_b(uk, p.b, j, std::min(nr, j0 + cols - j), k0, kc, p.K, b_pack + jp * b_bytes);
+        b_panel = b_pack + jp * b_bytes;
+      }
+      // The B panel stays in L1 while the block's A panels stream past it.
+      for (int64_t ip = 0; ip < m_panels; ++ip) {
+        uk.run(kc, a_pack + ip * a_bytes, b_panel, acc + ip * mr * nc + jp * nr, nc, k0 > 0);
+      }
+    }
+  }
+  ep.fn(ep.ctx, i0, j0, rows, cols, acc, nc);
+}
+
+void store_block(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
+                 const float* acc, int64_t ld) {
+  const StoreC& s = *static_cast<const StoreC*>(ctx);
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* a = acc + i * ld;
+    if (s.out == DType::f32) {
+      float* c = static_cast<float*>(s.c) + (i0 + i) * s.ldc + j0;
+      if (s.accumulate) {
+        for (int64_t j = 0; j < cols; ++j) c[j] = c[j] + a[j];
+      } else {
+        std::memcpy(c, a, size_t(cols) * 4);
+      }
+    } else {
+      bf16* c = static_cast<bf16*>(s.c) + (i0 + i) * s.ldc + j0;
+      if (s.accumulate) {
+        for (int64_t j = 0; j < cols; ++j) c[j] = float_to_bf16(bf16_to_float(c[j]) + a[j]);
+      } else {
+        for (int64_t j = 0; j < cols; ++j) c[j] = float_to_bf16(a[j]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+int64_t scratch_growths() { return g_growths.load(std::memory_order_relaxed); }
+
+int64_t block_rows(const Microkernel& uk) { return round_up(96, uk.mr); }
+int64_t block_cols(const Microkernel& uk) { return round_up(256, uk.nr); }
+
+Epilogue store_epilogue(const StoreC& s) { return Epilogue{store_block, &s}; }
+
+void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
+  if (p.M == 0 || p.N == 0) return;
+  const int64_t mc = block_rows(uk), nc = block_cols(uk);
+  const int64_t m_blocks = ceil_div(p.M, mc), n_blocks = ceil_div(p.N, nc);
+  // Threads take contiguous runs of blocks; ordering the blocks along the
+  // larger of A and B gives each thread a share of it to stream.
+  const bool n_major = p.N >= p.M;
+  parallel_for(m_blocks * n_blocks, 1, [&](int64_t t0, int64_t t1) {
+    if (uk.thread_begin) uk.thread_begin();
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t mb = n_major ? t % m_blocks : t / n_blocks;
+      const int64_t nb = n_major ? t / m_blocks : t % n_blocks;
+      const int64_t i0 = mb * mc, j0 = nb * nc;
+      run_block(uk, p, ep, i0, std::min(mc, p.M - i0), j0, std::min(nc, p.N - j0));
+    }
+    if (uk.thread_end) uk.thread_end();
+  });
+}
+
+int64_t packed_b_bytes(const Microkernel& uk, int64_t K, int64_t N) {
+  return ceil_div(N, uk.nr) * b_panel_bytes(uk, round_up(K, uk.k_step));
+}
+
+void pack_b_all(const Microkernel& uk, const Mat& b, int64_t K, int64_t N, void* dst) {
+  const int64_t Kp = round_up(K, uk.k_step), panels = ceil_div(N, uk.nr);
+  const int64_t bytes = b_panel_bytes(uk, Kp);
+  parallel_for(panels, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t jp = p0; jp < p1; ++jp) {
+      const int64_t j = jp * uk.nr;
+      pack_b(uk, b, j, std::min<int64_t>(uk.nr, N - j), 0, Kp, K,
+             static_cast<char*>(dst) + jp * bytes);
+    }
+  });
+}
+
+}  // namespace tiermoe::cpu::gemm

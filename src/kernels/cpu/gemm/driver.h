@@ -1,0 +1,57 @@
+#pragma once
+// The blocked GEMM driver: C = A . B in f32 sums, cut into blocks of C that
+// threads share out, each block's K run in fixed kc steps through one ISA's
+// microkernel, then handed to an epilogue (a store, or an expert's fused
+// activation). Threads split over blocks of rows and columns, never over K.
+#include <cstdint>
+
+#include "microkernel.h"
+#include "pack.h"
+
+namespace tiermoe::cpu::gemm {
+
+// C_MN = A_MK . B_KN. B comes as stored (packed per block on the fly), or
+// prepacked: all of it in uk's layout by pack_b_all() (`b_packed`).
+struct Problem {
+  int64_t M = 0, N = 0, K = 0;
+  Mat a, b;
+  const void* b_packed = nullptr;
+};
+
+// Receives each block of C once, finished: rows [i0, i0 + rows), columns
+// [j0, j0 + cols), the f32 sums at acc[i * ld + j]. Blocks of one call may
+// run on different threads at once.
+struct Epilogue {
+  void (*fn)(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols, const float* acc,
+             int64_t ld) = nullptr;
+  const void* ctx = nullptr;
+};
+
+// The plain store: c (row-major, dtype out) = sum, or c + sum with
+// accumulate (the sum rounded once to out, as ref does).
+struct StoreC {
+  void* c = nullptr;
+  int64_t ldc = 0;
+  DType out = DType::f32;
+  bool accumulate = false;
+};
+Epilogue store_epilogue(const StoreC& s);
+
+void run(const Microkernel& uk, const Problem& p, const Epilogue& ep);
+
+// How many times any thread's GEMM scratch has grown (an allocation), so tests
+// can hold that warmed-up launches allocate nothing.
+int64_t scratch_growths();
+
+// The fixed blocking (constants, so nothing depends on M): blocks of C are
+// mc x nc, K runs in kc steps.
+int64_t block_rows(const Microkernel& uk);  // mc, a multiple of mr
+int64_t block_cols(const Microkernel& uk);  // nc, a multiple of nr
+constexpr int64_t kKc = 256;                // a multiple of every k_step
+
+// B (K x N) prepacked for uk: ceil(N / nr) panels over round_up(K, k_step),
+// each b_panel_bytes(uk, Kp) at panel * that.
+int64_t packed_b_bytes(const Microkernel& uk, int64_t K, int64_t N);
+void pack_b_all(const Microkernel& uk, const Mat& b, int64_t K, int64_t N, void* dst);
+
+}  // namespace tiermoe::cpu::gemm

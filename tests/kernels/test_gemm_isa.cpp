@@ -1,0 +1,192 @@
+// The GEMM kernels on every ISA this machine can run (kernels/cpu_isa.h),
+// through the cpu:: matmuls: against the ref oracle for the row counts an
+// expert sees, and the invariances the device tier's parity relies on, row by
+// row and bit for bit. An ISA the machine lacks is skipped, and says why.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "common/testing.h"
+#include "kernels/matmul_test_util.h"
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/kernels/cpu_isa.h"
+#include "tiermoe/kernels/matmul.h"
+
+namespace tiermoe {
+namespace {
+
+using testing::abs_f64;
+using testing::bitwise_equal;
+using testing::Op;
+using testing::op_name;
+using testing::Operands;
+using testing::operands;
+using testing::random_tensor;
+using testing::run;
+using testing::within_summation_bound;
+
+struct IsaCase {
+  CpuIsa isa;
+  DType in, out;
+};
+
+std::string case_name(const ::testing::TestParamInfo<IsaCase>& info) {
+  std::string isa(cpu_isa_name(info.param.isa));
+  for (char& c : isa) c = c == '-' ? '_' : c;
+  return isa + "_" + std::string(dtype_name(info.param.in)) + "_to_" +
+         std::string(dtype_name(info.param.out));
+}
+
+// Every TierMoE ISA (not the onednn baseline), each with f32 -> f32,
+// bf16 -> bf16 and bf16 -> f32 (the unrounded sums of a weight gradient).
+std::vector<IsaCase> all_cases() {
+  std::vector<IsaCase> v;
+  for (CpuIsa isa : {CpuIsa::avx2}) {
+    v.push_back({isa, DType::f32, DType::f32});
+    v.push_back({isa, DType::bf16, DType::bf16});
+    v.push_back({isa, DType::bf16, DType::f32});
+  }
+  return v;
+}
+
+// Runs the test body on the case's ISA and puts the process's ISA back.
+class GemmIsa : public ::testing::TestWithParam<IsaCase> {
+ protected:
+  void SetUp() override {
+    const CpuIsa isa = GetParam().isa;
+    if (!cpu_isa_supported(isa)) {
+      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
+    }
+    saved_ = cpu_isa();
+    set_cpu_isa(isa);
+    set_ = true;
+  }
+  void TearDown() override {
+    if (set_) set_cpu_isa(saved_);
+  }
+
+ private:
+  CpuIsa saved_ = CpuIsa::avx2;
+  bool set_ = false;
+};
+
+INSTANTIATE_TEST_SUITE_P(Isa, GemmIsa, ::testing::ValuesIn(all_cases()), case_name);
+
+// The row counts of an expert: none, one, around a 16-row tile, and many.
+const int64_t kRows[] = {0, 1, 15, 16, 17, 31, 33, 130};
+
+std::string where(Op op, int64_t M, int64_t N, int64_t K, const std::string& more = "") {
+  return std::string(op_name(op)) + " M" + std::to_string(M) + " N" + std::to_string(N) + " K" +
+         std::to_string(K) + more;
+}
+
+TEST_P(GemmIsa, MatchesRefForEveryRowCount) {
+  const auto [isa, in, out_dt] = GetParam();
+  Rng rng(21);
+  // K = 70 is not a multiple of any k step; N = 40 of no panel width.
+  const int64_t N = 40, K = 70;
+  for (int64_t M : kRows) {
+    for (Op op : {Op::forward, Op::dx, Op::dw}) {
+      for (bool accumulate : {false, true}) {
+        const std::string name = where(op, M, N, K, accumulate ? " accumulate" : "");
+        Operands s = operands(op, M, N, K);
+        Tensor a = random_tensor(s.a, in, rng), b = random_tensor(s.b, in, rng);
+        Tensor old = random_tensor(s.out, out_dt, rng);
+        Tensor got = old.clone(), want = old.clone();
+        run(op, /*cpu=*/true, got, a, b, accumulate);
+        run(op, /*cpu=*/false, want, a, b, accumulate);
+        Tensor absdot = Tensor::empty(s.out, DType::f64);
+        run(op, /*cpu=*/false, absdot, abs_f64(a), abs_f64(b), false);
+        EXPECT_TRUE(within_summation_bound(got, want, absdot, accumulate ? old : Tensor(),
+                                           s.reduction, DType::f32, name));
+      }
+    }
+  }
+}
+
+// Row i of forward and dx is bitwise the same computed with any other rows:
+// each range below alone equals those rows of the 130-row product.
+TEST_P(GemmIsa, ForwardAndDxRowsIndependentOfRowCount) {
+  const auto [isa, in, out_dt] = GetParam();
+  Rng rng(23);
+  const int64_t all = 130;
+  std::vector<std::pair<int64_t, int64_t>> weights = {{40, 70}, {100, 300}};
+  weights.push_back({1536, 2048});  // Qwen3-30B-A3B's W13
+  for (auto [N, K] : weights) {
+    for (Op op : {Op::forward, Op::dx}) {
+      Operands s = operands(op, all, N, K);
+      Tensor a = random_tensor(s.a, in, rng), b = random_tensor(s.b, in, rng);
+      Tensor whole = Tensor::empty(s.out, out_dt);
+      run(op, true, whole, a, b, false);
+      for (int64_t M : kRows) {
+        for (int64_t begin : {int64_t{0}, int64_t{5}, all - M}) {
+          if (M == 0 || begin + M > all) continue;
+          Tensor part = Tensor::empty({M, s.out[1]}, out_dt);
+          run(op, true, part, a.rows(begin, begin + M), b, false);
+          EXPECT_TRUE(bitwise_equal(part, whole.rows(begin, begin + M),
+                                    where(op, M, N, K, " from row " + std::to_string(begin))));
+        }
+      }
+    }
+  }
+}
+
+// dw sums over rows: zero rows appended (an expert's rows padded to a
+// bucket) leave it bitwise unchanged, across kc blocks too (300 -> 512).
+TEST_P(GemmIsa, DwUnchangedByZeroRows) {
+  const auto [isa, in, out_dt] = GetParam();
+  Rng rng(29);
+  const int64_t pads[][2] = {{1, 16}, {15, 16}, {16, 32}, {17, 32}, {31, 64}, {33, 64}, {300, 512}};
+  std::vector<std::pair<int64_t, int64_t>> weights = {{40, 70}};
+  weights.push_back({2048, 768});  // Qwen3-30B-A3B's W2
+  for (auto [N, K] : weights) {
+    for (auto [M, bucket] : pads) {
+      Tensor dy = Tensor::zeros({bucket, N}, in), x = Tensor::zeros({bucket, K}, in);
+      Tensor dy_rows = dy.rows(0, M), x_rows = x.rows(0, M);
+      dy_rows.copy_from(random_tensor({M, N}, in, rng));
+      x_rows.copy_from(random_tensor({M, K}, in, rng));
+      Tensor exact = Tensor::empty({N, K}, out_dt), padded = Tensor::empty({N, K}, out_dt);
+      cpu::matmul_backward_dw(exact, dy_rows, x_rows);
+      cpu::matmul_backward_dw(padded, dy, x);
+      EXPECT_TRUE(bitwise_equal(padded, exact,
+                                where(Op::dw, M, N, K, " padded to " + std::to_string(bucket))));
+    }
+  }
+}
+
+// The work split changes with the thread count, the sums must not.
+TEST_P(GemmIsa, ResultsIndependentOfThreadCount) {
+  const auto [isa, in, out_dt] = GetParam();
+  Rng rng(31);
+  const int64_t M = 130, N = 300, K = 70;
+  for (Op op : {Op::forward, Op::dx, Op::dw}) {
+    Operands s = operands(op, M, N, K);
+    Tensor a = random_tensor(s.a, in, rng), b = random_tensor(s.b, in, rng);
+    Tensor one = Tensor::empty(s.out, out_dt), many = Tensor::empty(s.out, out_dt);
+    set_num_threads(1);
+    run(op, true, one, a, b, false);
+    set_num_threads(3);
+    run(op, true, many, a, b, false);
+    set_num_threads(0);
+    EXPECT_TRUE(bitwise_equal(many, one, where(op, M, N, K)));
+  }
+}
+
+TEST(CpuIsa, NamesRoundTripAndUnknownOnesAreClearErrors) {
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::onednn}) {
+    EXPECT_EQ(parse_cpu_isa(cpu_isa_name(isa)), isa);
+  }
+  try {
+    parse_cpu_isa("sse2");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sse2"), std::string::npos) << e.what();
+    EXPECT_NE(e.hint().find("avx2"), std::string::npos) << e.hint();
+  }
+  EXPECT_TRUE(cpu_isa_supported(cpu_isa()));
+  EXPECT_FALSE(cpu_isas_supported().empty());
+}
+
+}  // namespace
+}  // namespace tiermoe
