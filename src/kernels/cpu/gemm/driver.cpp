@@ -37,6 +37,7 @@ class Buffer {
 
 struct Scratch {
   Buffer a, b, acc;
+  Buffer shared_b;  // all of B, packed by the calling thread for its workers
 };
 
 Scratch& scratch() {
@@ -116,6 +117,21 @@ Epilogue store_epilogue(const StoreC& s) { return Epilogue{store_block, &s}; }
 void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
   if (p.M == 0 || p.N == 0) return;
   const int64_t mc = block_rows(uk), nc = block_cols(uk);
+  // With more than one block of rows, each block would pack the same B
+  // again: pack all of it once instead (up to a cap; the LM head's weight
+  // stays packed block by block).
+  constexpr int64_t kSharedPackCap = int64_t(32) << 20;
+  if (!p.b_packed && p.M > mc && p.K > 0) {
+    const int64_t bytes = packed_b_bytes(uk, p.K, p.N);
+    if (bytes <= kSharedPackCap) {
+      void* packed = scratch().shared_b.get(bytes);
+      pack_b_all(uk, p.b, p.K, p.N, packed);
+      Problem q = p;
+      q.b_packed = packed;
+      run(uk, q, ep);
+      return;
+    }
+  }
   const int64_t m_blocks = ceil_div(p.M, mc), n_blocks = ceil_div(p.N, nc);
   // Threads take contiguous runs of blocks; ordering the blocks along the
   // larger of A and B gives each thread a share of it to stream.

@@ -12,13 +12,17 @@
 //
 // Templates over an ISA wrapper V (ops_avx2.h, ops_avx512.h,
 // ops_avx512_emu.h) with:
-//   V::F, V::kLanes           a vector of kLanes floats
+//   V::F, V::kLanes        a vector of kLanes floats
+//   V::I                   a vector of kLanes dwords
 //   V::zero(), load(p), store(p, v), broadcast(p), fma(a, b, c) = a * b + c
-//   V::load_bf16_split(p, lo, hi)   kLanes dwords -> lo = low halves widened,
-//                                   hi = high halves widened
+//   V::load_u32(p)         kLanes dwords
+//   V::bf16_lo(w), bf16_hi(w)   the low / high bf16 halves of each dword,
+//                               widened to f32 (exact)
 // Everything here is a template over V, so each instantiation has the
 // internal linkage of its wrapper type (see microkernel.h).
 #include <cstdint>
+
+#include "unroll.h"
 
 namespace tiermoe::cpu::gemm {
 
@@ -30,20 +34,19 @@ void fma_f32(int64_t kc, const void* a_, const void* b_, float* c, int64_t ldc, 
   const float* a = static_cast<const float*>(a_);
   const float* b = static_cast<const float*>(b_);
   F acc[MR][NV];
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) acc[r][v] = load_c ? V::load(c + r * ldc + v * L) : V::zero();
-  }
+  unroll<MR>([&](auto r) {
+    unroll<NV>([&](auto v) { acc[r][v] = load_c ? V::load(c + r * ldc + v * L) : V::zero(); });
+  });
   for (int64_t k = 0; k < kc; ++k) {
     F bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = V::load(b + k * NR + v * L);
-    for (int r = 0; r < MR; ++r) {
+    unroll<NV>([&](auto v) { bv[v] = V::load(b + k * NR + v * L); });
+    unroll<MR>([&](auto r) {
       const F av = V::broadcast(a + k * MR + r);
-      for (int v = 0; v < NV; ++v) acc[r][v] = V::fma(av, bv[v], acc[r][v]);
-    }
+      unroll<NV>([&](auto v) { acc[r][v] = V::fma(av, bv[v], acc[r][v]); });
+    });
   }
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) V::store(c + r * ldc + v * L, acc[r][v]);
-  }
+  unroll<MR>(
+      [&](auto r) { unroll<NV>([&](auto v) { V::store(c + r * ldc + v * L, acc[r][v]); }); });
 }
 
 // The same chains for bf16 inputs: A packed f32_kmajor (widened), B packed
@@ -56,20 +59,29 @@ void fma_bf16(int64_t kc, const void* a_, const void* b_, float* c, int64_t ldc,
   const float* a = static_cast<const float*>(a_);
   const uint32_t* b = static_cast<const uint32_t*>(b_);
   F acc[MR][NV];
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) acc[r][v] = load_c ? V::load(c + r * ldc + v * L) : V::zero();
-  }
+  unroll<MR>([&](auto r) {
+    unroll<NV>([&](auto v) { acc[r][v] = load_c ? V::load(c + r * ldc + v * L) : V::zero(); });
+  });
   for (int64_t k = 0; k < kc; ++k) {
-    F bv[NV];
-    for (int v = 0; v < H; ++v) V::load_bf16_split(b + k * (NR / 2) + v * L, bv[v], bv[v + H]);
-    for (int r = 0; r < MR; ++r) {
+    typename V::I w[H];
+    unroll<H>([&](auto v) { w[v] = V::load_u32(b + k * (NR / 2) + v * L); });
+    unroll<MR>([&](auto r) {
       const F av = V::broadcast(a + k * MR + r);
-      for (int v = 0; v < NV; ++v) acc[r][v] = V::fma(av, bv[v], acc[r][v]);
-    }
+      // Widened where used (the compiler shares them across rows): writing
+      // them to an array first makes GCC 12 spill the accumulators.
+      unroll<NV>([&](auto v) {
+        F bv;
+        if constexpr (v < H) {
+          bv = V::bf16_lo(w[v]);
+        } else {
+          bv = V::bf16_hi(w[v - H]);
+        }
+        acc[r][v] = V::fma(av, bv, acc[r][v]);
+      });
+    });
   }
-  for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) V::store(c + r * ldc + v * L, acc[r][v]);
-  }
+  unroll<MR>(
+      [&](auto r) { unroll<NV>([&](auto v) { V::store(c + r * ldc + v * L, acc[r][v]); }); });
 }
 
 }  // namespace tiermoe::cpu::gemm

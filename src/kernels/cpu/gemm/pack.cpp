@@ -21,21 +21,17 @@ D convert(S v) {
 }
 
 // dst[idx(x, k)] = src(x0 + x, k0 + k) for x < n valid lines (rows of A,
-// columns of B), k < kv valid, with (line, k) at src[line * ls + k * ks]. The
-// loop runs along whichever index the source has contiguous.
+// columns of B), k < kv valid, with (line, k) at src[line * ls + k * ks].
+// k runs outside and the lines inside, so the writes of one k are
+// contiguous; the reads are n streams along k (a weight's rows in the
+// forward) or one contiguous run (its columns in dx).
 template <class D, class S, class Idx>
 void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0, int64_t kv,
                 D* dst, Idx idx) {
-  if (ks == 1 || ls != 1) {
-    for (int64_t x = 0; x < n; ++x) {
-      const S* line = src + (x0 + x) * ls + k0 * ks;
-      for (int64_t k = 0; k < kv; ++k) dst[idx(x, k)] = convert<D>(line[k * ks]);
-    }
-  } else {
-    for (int64_t k = 0; k < kv; ++k) {
-      const S* col = src + x0 + (k0 + k) * ks;
-      for (int64_t x = 0; x < n; ++x) dst[idx(x, k)] = convert<D>(col[x]);
-    }
+  const S* base = src + x0 * ls + k0 * ks;
+  for (int64_t k = 0; k < kv; ++k) {
+    const S* at_k = base + k * ks;
+    for (int64_t x = 0; x < n; ++x) dst[idx(x, k)] = convert<D>(at_k[x * ls]);
   }
 }
 
