@@ -1,6 +1,6 @@
 // tiermoe eval: the loss of a checkpoint on the first B windows of a token
-// file, and optionally d(loss)/d(every parameter), as DESIGN.md's CLI
-// contract defines them. Outside tools compare TierMoE with other
+// file, and optionally d(loss)/d(every parameter), as the command-line
+// contract (docs/architecture.md) defines them. Outside tools compare TierMoE with other
 // implementations through this command, so its semantics are the contract's
 // and nothing more:
 //

@@ -7,7 +7,7 @@
 // before the fp32 softmax (GPT-OSS even softmaxes the K values in bf16). We
 // keep the fp32 logits for every family: bf16 logits carry 8 significant bits,
 // which makes exact top-k ties between experts common and lets rounding choose
-// experts; DESIGN.md's numerics ask for fp32 routing; and HF parity is held in
+// experts; docs/architecture.md's numerics ask for fp32 routing; and HF parity is held in
 // f64 runs, where the two agree. The products run on the cpu:: matmul kernels
 // (bf16 operands upcast first), whose summation order differs from any other
 // BLAS anyway, so bitwise equality with HF in bf16 is not a goal.

@@ -28,7 +28,7 @@ json TrainSummary::to_json() const {
   if (!last_checkpoint.empty()) j["checkpoint"] = last_checkpoint;
   if (!final_export.empty()) j["export"] = final_export;
   if (!tier.is_null()) {
-    // DESIGN.md's keys at the top level, the whole breakdown under "tier".
+    // The contract's keys at the top level, the whole breakdown under "tier".
     for (const char* k : {"hot_fraction", "device_calls", "bytes_up", "bytes_down", "replacements"})
       j[k] = tier.at(k);
     j["tier"] = tier;

@@ -1,4 +1,4 @@
-// tiermoe bench moe-layer as a user runs it: the JSON contract (DESIGN.md),
+// tiermoe bench moe-layer as a user runs it: the JSON contract (docs/architecture.md),
 // the remat report it prints, and clear errors for bad flags.
 #include <gtest/gtest.h>
 

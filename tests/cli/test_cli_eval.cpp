@@ -1,4 +1,4 @@
-// tiermoe eval as outside tools run it (DESIGN.md "CLI contract"): against
+// tiermoe eval as outside tools run it (docs/architecture.md, the command-line contract): against
 // the PyTorch twin fixtures of tests/data/model/ (README.md there), loss to
 // 1e-9 relative and every gradient of --save-grads to
 // 1e-9 * |want| + 1e-9 * max|want| of its tensor; the f32 and bf16 runs near

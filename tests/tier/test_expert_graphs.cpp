@@ -1,5 +1,5 @@
 // The expert graphs on a CpuDevice against the host's GroupedExperts
-// (DESIGN.md "Parity"): a launch over G rows, of which the caller's M are
+// (docs/architecture.md, parity rules): a launch over G rows, of which the caller's M are
 // real and the rest zero padding with score 0, gives the host's first M rows
 // of y, h, a, dx and dscore and the host's weight-gradient sums, bitwise.
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // TieredExperts on a CpuDevice against HostExperts over the same experts:
 // outputs, saved activations, dx, d score and weight gradients bitwise
-// (DESIGN.md "Parity"), the exact launches for a fixed routing, remat
+// (docs/architecture.md, parity rules), the exact launches for a fixed routing, remat
 // replay, and faults that must not change a result.
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// Token windows: eval batches follow the DESIGN.md contract, the training
+// Token windows: eval batches follow the `eval` contract, the training
 // sampler visits every window once per epoch, and its position round-trips
 // so a resumed run sees the same batches.
 #include <gtest/gtest.h>

@@ -4,7 +4,7 @@
 // views of that one expert's weights. GroupedExperts runs them on the host
 // over its stacked weights; the device tier runs the very same functions over
 // its own copies of a resident expert, so a row computes the same bits
-// wherever it runs (DESIGN.md "Parity").
+// wherever it runs (docs/architecture.md, parity rules).
 //
 // Weight gradients follow one summation rule on every tier. One backward call
 // sums an expert's weight-gradient products over its rows in blocks of

@@ -6,7 +6,8 @@
 //
 // Router scores are either absorbed before W2 (combine is then a plain sum and
 // the W2 output is not kept) or applied in combine (post-combine: the W2
-// output y_ND is kept, since d weights needs it). See DESIGN.md "Absorption rule".
+// output y_ND is kept, since d weights needs it). See docs/architecture.md
+// ("Absorption rule").
 //
 // Remat: the forward is cut into named regions (moe/regions.h); the config's
 // `keep` says per region whether its outputs are kept for backward or rebuilt

@@ -1,8 +1,8 @@
 #pragma once
 // The cost model the placement planner predicts step times with: pure
 // formulas over an expert's shape and a few throughputs, and the start-up
-// measurements that fill those throughputs in (DESIGN.md: measured, not
-// guessed). All times are seconds per training step for one expert's rows.
+// measurements that fill those throughputs in (measured, not guessed:
+// docs/architecture.md). All times are seconds per training step for one expert's rows.
 //
 // Work per routed row (GEMM flops, 2 per multiply-add; the activation is
 // noise next to them):

@@ -6,7 +6,7 @@
 // uploads, downloads, zero fills and graph launches in call order while the
 // host goes on computing; kernels on the worker run with exactly
 // `threads` OpenMP threads, leaving the host thread's count alone. It is how
-// every test checks the device path (DESIGN.md "The device tier").
+// every test checks the device path (docs/architecture.md, "The device tier").
 //
 // Conventions:
 //  - alloc(0) is an Error: a window of nothing is a size bug upstream.

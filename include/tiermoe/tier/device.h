@@ -1,6 +1,6 @@
 #pragma once
-// Device: the only door to accelerator memory and compute (DESIGN.md "The
-// device tier"). Memory is buffers with a usage tag, allocated under a byte
+// Device: the only door to accelerator memory and compute (docs/architecture.md,
+// "The device tier"). Memory is buffers with a usage tag, allocated under a byte
 // budget; work is a single in-order stream of uploads, downloads, zero fills
 // and graph launches that the host enqueues and later waits for with sync().
 // Graphs are compiled once per GraphKey and cached, so a handful of fixed

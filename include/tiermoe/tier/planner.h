@@ -1,6 +1,6 @@
 #pragma once
 // PlacementPlanner: which experts are resident on the device, chosen from the
-// routing profile and the cost model under the device byte budget (DESIGN.md
+// routing profile and the cost model under the device byte budget (docs/architecture.md,
 // "The device tier").
 //
 // Prediction (cost_model.h for the per-expert terms). Within a layer the host

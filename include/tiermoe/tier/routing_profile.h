@@ -1,7 +1,7 @@
 #pragma once
 // RoutingProfile: how many rows each (layer, expert) receives per training
-// step, as an exponential moving average over steps (DESIGN.md "The device
-// tier"). The placement planner reads it to decide which experts are hot.
+// step, as an exponential moving average over steps (docs/architecture.md, "The
+// device tier"). The placement planner reads it to decide which experts are hot.
 //
 // Layers are the model's MoE layers in order (their ordinal among MoE layers,
 // not the decoder layer index), so a model with dense layers has no empty

@@ -1,6 +1,6 @@
 #pragma once
 // TieredExperts: one MoE layer's experts across the host and a device at the
-// same time (DESIGN.md "The device tier"). Resident (hot) experts keep their
+// same time (docs/architecture.md, "The device tier"). Resident (hot) experts keep their
 // weights in device memory; their rows (already expert-major) go up in
 // bucket-sized launches of a compiled graph, zero-padded to the bucket with
 // score 0, and their outputs come back straight into the layer's row buffers.

@@ -2,7 +2,7 @@
 // Token windows for evaluation and training.
 //
 // Window w of length L takes tokens [w*L, w*L+L) as inputs and
-// [w*L+1, w*L+L+1) as targets (DESIGN.md, `eval`): windows are laid end to
+// [w*L+1, w*L+L+1) as targets (the `eval` contract, docs/architecture.md): windows are laid end to
 // end, each sharing its last target with the next window's first input, so a
 // stream of n tokens holds (n - 1) / L of them.
 //

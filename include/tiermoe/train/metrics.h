@@ -30,7 +30,7 @@ nlohmann::json bytes_by_tag(const std::array<size_t, kNumMemTags>& bytes);
 
 // One step's metrics line (without the trailing newline).
 // The device tier's figures: one layer's (or a sum's) and one step's, with
-// its per-layer list (DESIGN.md's keys: hot_fraction, device_calls, bytes_up,
+// its per-layer list (the contract's keys: hot_fraction, device_calls, bytes_up,
 // bytes_down, replacements, ...). Padding waste counts forward and backward.
 nlohmann::json tier_totals_json(const TierLayerStats& t);
 nlohmann::json tier_step_json(const TierStepStats& s);

@@ -53,7 +53,7 @@ class TierSession {
   // A step's stats, into the run's totals.
   void record(const TierStepStats& s) { run_.add(s); }
   // The run's totals for the --json summary, in the per-step metrics' format
-  // (DESIGN.md's keys: hot_fraction, device_calls, bytes_up, bytes_down,
+  // (the contract's keys: hot_fraction, device_calls, bytes_up, bytes_down,
   // replacements, and the time split), with the tier's settings.
   nlohmann::json summary_json() const;
   // Writes --profile-out (if given).

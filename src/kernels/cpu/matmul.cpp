@@ -5,7 +5,7 @@
 // the strides say which operand is transposed; the kernels pack what they
 // read.
 //
-// Row-count invariance (DESIGN.md "Parity") holds by construction on every
+// Row-count invariance (docs/architecture.md, parity rules) holds by construction on every
 // TierMoE ISA (gemm/microkernel.h): row i of the forward and dx products is
 // bitwise the same whatever M, and dw is bitwise unchanged by appending zero
 // rows to dy and x. tests/kernels/test_matmul.cpp and test_gemm_isa.cpp hold
