@@ -13,7 +13,7 @@ modes=("$@")
 # Debian's torch takes its f32 GEMM from the system BLAS: with the reference
 # libblas it runs at ~3 GFLOP/s, so install OpenBLAS (libopenblas0-pthread)
 # for a fair baseline. Its threads and torch's must not oversubscribe.
-export OMP_WAIT_POLICY=passive  # torch on 2 threads is slower than 1 without it (machine.md)
+export OMP_WAIT_POLICY=passive  # torch on 2 threads is slower than 1 without it (measured)
 threads=$(nproc)
 export OPENBLAS_NUM_THREADS=$threads
 

@@ -519,7 +519,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.num_experts_per_tok = 4;
     c.max_position_embeddings = 2048;
   } else if (name == "qwen3-30b-a3b") {
-    // Qwen/Qwen3-30B-A3B's config.json (formats.md 2.1).
+    // Qwen/Qwen3-30B-A3B's config.json as published on the Hugging Face Hub.
     c.vocab_size = 151936;
     c.hidden_size = 2048;
     c.intermediate_size = 6144;

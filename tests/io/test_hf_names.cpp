@@ -22,7 +22,7 @@ std::map<std::string, Shape> by_name(const ModelConfig& c) {
 
 TEST(HfNames, Qwen3_30B_A3BShapesMatchTheCheckpoint) {
   auto m = by_name(preset("qwen3-30b-a3b"));
-  // formats.md 2.4: per layer 4 projections, q/k norms, 2 layer norms, a router
+  // The published checkpoint: per layer 4 projections, q/k norms, 2 layer norms, a router
   // and 3 per expert; then the embedding, final norm and lm_head.
   EXPECT_EQ(m.size(), size_t(48 * (4 + 2 + 2 + 1 + 3 * 128) + 3));
   EXPECT_EQ(m.at("model.embed_tokens.weight"), (Shape{151936, 2048}));

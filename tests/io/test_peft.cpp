@@ -100,7 +100,7 @@ TEST(Peft, ConfigHasPeftKeysAndDefaults) {
   save_peft_adapter(dir.path().string(), cfg, test_modules(DType::f32));
   Json j = read_json(dir.file(kPeftConfigFile));
 
-  // The fields PEFT's LoraConfig.to_dict() writes (formats.md 4.1).
+  // The fields PEFT's LoraConfig.to_dict() writes.
   std::set<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.insert(k);
   std::set<std::string> want = {"alpha_pattern",

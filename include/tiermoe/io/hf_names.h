@@ -1,8 +1,8 @@
 #pragma once
 // The tensors a Hugging Face checkpoint of a ModelConfig holds, by their
-// on-disk names and shapes (formats.md 2.4, 3.2, 3.3), in the per-expert
-// layout that save_pretrained writes. `tiermoe init` writes exactly this list
-// and the loader checks a checkpoint against it.
+// on-disk names and shapes, in the per-expert layout that save_pretrained
+// writes. `tiermoe init` writes exactly this list and the loader checks a
+// checkpoint against it.
 #include <cstdint>
 #include <string>
 #include <vector>

@@ -67,7 +67,7 @@ struct ModelConfig {
   std::optional<int64_t> max_window_layers;
   std::optional<double> clip_qkv;             // OLMoE: clamp q, k, v to [-c, c]
 
-  bool is_moe_layer(int64_t layer) const;     // formats.md 2.2
+  bool is_moe_layer(int64_t layer) const;     // decoder_sparse_step, mlp_only_layers
   QkNorm qk_norm() const;
   // Mixtral always renormalises the top-K weights, whatever norm_topk_prob says.
   bool renormalize_topk() const { return family == ModelFamily::mixtral || norm_topk_prob; }

@@ -1,5 +1,5 @@
 #pragma once
-// PEFT LoRA adapters on disk (huggingface/peft, formats.md 4): a directory
+// PEFT LoRA adapters on disk (huggingface/peft): a directory
 // holding `adapter_config.json` and `adapter_model.safetensors`, loadable by
 // PEFT's PeftModel.from_pretrained and by vLLM.
 //

@@ -1,5 +1,5 @@
 #pragma once
-// Pre-tokenized training data (formats.md 5): NumPy .npy arrays and llm.c
+// Pre-tokenized training data: NumPy .npy arrays and llm.c
 // .bin shards. The format is recognised by the file's magic bytes, not its
 // extension. Tokens come back as int32 (every supported vocabulary is below
 // 2^31); a value that does not fit, a malformed header or a size mismatch is

@@ -1,6 +1,7 @@
 #pragma once
 // The self-attention block of a Qwen3-MoE / OLMoE / Mixtral decoder layer
-// (formats.md 2.3, 3.3), over B sequences of T tokens at positions 0..T-1:
+// (as transformers' modeling files compute it), over B sequences of T tokens
+// at positions 0..T-1:
 //
 //   q = x Wq^T (+bq)  [B*T, H*P]      k, v = x Wk^T, x Wv^T  [B*T, Hkv*P]
 //   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3), over the whole

@@ -1,5 +1,5 @@
 #pragma once
-// LoRA with PEFT semantics (formats.md 4.2): a frozen linear y = x W^T gains
+// LoRA with PEFT semantics (huggingface/peft's LoraLayer): a frozen linear y = x W^T gains
 //
 //   y_MO += scaling * (x_MI . A_RI^T) . B_OR^T,   scaling = alpha / r  (alpha / sqrt(r) with
 //   rslora)
