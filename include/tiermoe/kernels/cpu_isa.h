@@ -3,7 +3,7 @@
 //
 // Chosen once per process, never per shape: TIERMOE_ISA when set, otherwise
 // the best the CPU has. Every row of a product is then computed by one
-// instruction sequence whatever the row count (DESIGN.md "Parity").
+// instruction sequence whatever the row count (docs/architecture.md, parity rules).
 //
 // onednn is the previous path, oneDNN 2.6's matmul, kept as a benchmark
 // baseline. It is NOT row-count invariant (oneDNN picks kernels per shape),
