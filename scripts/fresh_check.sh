@@ -69,6 +69,8 @@ unmount_all() {
 stage_names=()
 stage_secs=()
 stage_results=()
+current_stage=""  # the stage running now, with its start time: an interrupted one is reported too
+current_t0=""
 run_start=$EPOCHREALTIME
 verdict="FAIL"
 rm -f "$logs"/*
@@ -77,6 +79,11 @@ seconds_since() { awk -v a="$1" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.0f", b 
 
 summary() {
   local i
+  if [ -n "$current_stage" ]; then
+    stage_names+=("$current_stage")
+    stage_secs+=("$(seconds_since "$current_t0")")
+    stage_results+=("INTERRUPTED")
+  fi
   echo
   echo "fresh-check: Debian 12 root, clean clone of ${sha:0:12}"
   for i in "${!stage_names[@]}"; do
@@ -106,6 +113,8 @@ stage() {
   local name="$1"
   shift
   local t0=$EPOCHREALTIME rc
+  current_stage="$name"
+  current_t0="$t0"
   echo "==> fresh-check: $name"
   # A subshell with errexit of its own: under `cmd || rc=$?` bash would ignore
   # set -e inside the stage's function and carry on after a failed command.
@@ -113,6 +122,7 @@ stage() {
   (set -e; "$@") 2>&1 | tee "$logs/$name.log"
   rc=${PIPESTATUS[0]}
   set -e
+  current_stage=""
   stage_names+=("$name")
   stage_secs+=("$(seconds_since "$t0")")
   if [ "$rc" -eq 0 ]; then stage_results+=("ok"); else stage_results+=("FAILED (exit $rc)"); fi
