@@ -95,8 +95,22 @@ summary() {
   echo "fresh-check: $verdict$note; logs in build-fresh/logs/"
 }
 
+# Whatever still runs inside the root (an interrupted stage's build) is ours:
+# it must end before its mounts can go.
+stop_root_processes() {
+  local p pids=()
+  for p in /proc/[0-9]*; do
+    if [ "$(readlink "$p/root" 2>/dev/null)" = "$root" ]; then pids+=("${p#/proc/}"); fi
+  done
+  if [ ${#pids[@]} -eq 0 ]; then return; fi
+  kill -TERM "${pids[@]}" 2>/dev/null || true
+  sleep 2
+  kill -KILL "${pids[@]}" 2>/dev/null || true
+}
+
 on_exit() {
   local rc=$?
+  stop_root_processes
   unmount_all
   if [ -n "$(mounts_under_root)" ]; then
     echo "fresh-check: WARNING: still mounted under $root:" >&2
@@ -118,9 +132,15 @@ stage() {
   echo "==> fresh-check: $name"
   # A subshell with errexit of its own: under `cmd || rc=$?` bash would ignore
   # set -e inside the stage's function and carry on after a failed command.
+  # In the background, so that a signal to this script is handled at once
+  # (bash waits for a foreground command before running a trap).
   set +e
-  (set -e; "$@") 2>&1 | tee "$logs/$name.log"
-  rc=${PIPESTATUS[0]}
+  (
+    (set -e; "$@") 2>&1 | tee "$logs/$name.log"
+    exit "${PIPESTATUS[0]}"
+  ) &
+  wait $!
+  rc=$?
   set -e
   current_stage=""
   stage_names+=("$name")
