@@ -4,6 +4,8 @@
 // row and bit for bit. An ISA the machine lacks is skipped, and says why.
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,11 +40,15 @@ std::string case_name(const ::testing::TestParamInfo<IsaCase>& info) {
          std::string(dtype_name(info.param.out));
 }
 
+constexpr CpuIsa kIsas[] = {CpuIsa::avx2,   CpuIsa::avx512,     CpuIsa::avx512bf16,
+                            CpuIsa::amx,    CpuIsa::avx512_emu, CpuIsa::avx512bf16_emu,
+                            CpuIsa::amx_emu};
+
 // Every TierMoE ISA (not the onednn baseline), each with f32 -> f32,
 // bf16 -> bf16 and bf16 -> f32 (the unrounded sums of a weight gradient).
 std::vector<IsaCase> all_cases() {
   std::vector<IsaCase> v;
-  for (CpuIsa isa : {CpuIsa::avx2}) {
+  for (CpuIsa isa : kIsas) {
     v.push_back({isa, DType::f32, DType::f32});
     v.push_back({isa, DType::bf16, DType::bf16});
     v.push_back({isa, DType::bf16, DType::f32});
@@ -51,6 +57,16 @@ std::vector<IsaCase> all_cases() {
 }
 
 // Runs the test body on the case's ISA and puts the process's ISA back.
+// Sets the process's ISA for a scope and puts it back.
+class ScopedIsa {
+ public:
+  explicit ScopedIsa(CpuIsa isa) : saved_(cpu_isa()) { set_cpu_isa(isa); }
+  ~ScopedIsa() { set_cpu_isa(saved_); }
+
+ private:
+  CpuIsa saved_;
+};
+
 class GemmIsa : public ::testing::TestWithParam<IsaCase> {
  protected:
   void SetUp() override {
@@ -58,17 +74,12 @@ class GemmIsa : public ::testing::TestWithParam<IsaCase> {
     if (!cpu_isa_supported(isa)) {
       GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
     }
-    saved_ = cpu_isa();
-    set_cpu_isa(isa);
-    set_ = true;
+    scoped_.emplace(isa);
   }
-  void TearDown() override {
-    if (set_) set_cpu_isa(saved_);
-  }
+  void TearDown() override { scoped_.reset(); }
 
  private:
-  CpuIsa saved_ = CpuIsa::avx2;
-  bool set_ = false;
+  std::optional<ScopedIsa> scoped_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Isa, GemmIsa, ::testing::ValuesIn(all_cases()), case_name);
@@ -112,7 +123,7 @@ TEST_P(GemmIsa, ForwardAndDxRowsIndependentOfRowCount) {
   Rng rng(23);
   const int64_t all = 130;
   std::vector<std::pair<int64_t, int64_t>> weights = {{40, 70}, {100, 300}};
-  weights.push_back({1536, 2048});  // Qwen3-30B-A3B's W13
+  if (!cpu_isa_emulated(isa)) weights.push_back({1536, 2048});  // Qwen3-30B-A3B's W13
   for (auto [N, K] : weights) {
     for (Op op : {Op::forward, Op::dx}) {
       Operands s = operands(op, all, N, K);
@@ -139,7 +150,7 @@ TEST_P(GemmIsa, DwUnchangedByZeroRows) {
   Rng rng(29);
   const int64_t pads[][2] = {{1, 16}, {15, 16}, {16, 32}, {17, 32}, {31, 64}, {33, 64}, {300, 512}};
   std::vector<std::pair<int64_t, int64_t>> weights = {{40, 70}};
-  weights.push_back({2048, 768});  // Qwen3-30B-A3B's W2
+  if (!cpu_isa_emulated(isa)) weights.push_back({2048, 768});  // Qwen3-30B-A3B's W2
   for (auto [N, K] : weights) {
     for (auto [M, bucket] : pads) {
       Tensor dy = Tensor::zeros({bucket, N}, in), x = Tensor::zeros({bucket, K}, in);
@@ -173,19 +184,104 @@ TEST_P(GemmIsa, ResultsIndependentOfThreadCount) {
   }
 }
 
-TEST(CpuIsa, NamesRoundTripAndUnknownOnesAreClearErrors) {
-  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::onednn}) {
-    EXPECT_EQ(parse_cpu_isa(cpu_isa_name(isa)), isa);
+// avx2, avx512 and avx512-emu run the same FMA chains: the same bits for f32
+// and for bf16 (widened exactly); avx512bf16 and amx run the avx512 kernel
+// for f32. A wrong lane, column split or padding in one of them shows here.
+TEST(CpuIsa, FmaIsasGiveTheSameBits) {
+  Rng rng(37);
+  const int64_t M = 33, N = 70, K = 45;
+  for (auto [in, out_dt] :
+       {std::pair{DType::f32, DType::f32}, {DType::bf16, DType::bf16}, {DType::bf16, DType::f32}}) {
+    for (Op op : {Op::forward, Op::dx, Op::dw}) {
+      Operands s = operands(op, M, N, K);
+      Tensor a = random_tensor(s.a, in, rng), b = random_tensor(s.b, in, rng);
+      Tensor want = Tensor::empty(s.out, out_dt);
+      {
+        ScopedIsa isa(CpuIsa::avx2);
+        run(op, true, want, a, b, false);
+      }
+      std::vector<CpuIsa> same = {CpuIsa::avx512, CpuIsa::avx512_emu};
+      if (in == DType::f32) {
+        for (CpuIsa i :
+             {CpuIsa::avx512bf16, CpuIsa::amx, CpuIsa::avx512bf16_emu, CpuIsa::amx_emu}) {
+          same.push_back(i);
+        }
+      }
+      for (CpuIsa i : same) {
+        if (!cpu_isa_supported(i)) continue;  // named by GemmIsa's skips
+        Tensor got = Tensor::empty(s.out, out_dt);
+        ScopedIsa isa(i);
+        run(op, true, got, a, b, false);
+        EXPECT_TRUE(bitwise_equal(got, want,
+                                  detail::str_of(cpu_isa_name(i), " vs avx2 ", dtype_name(in), " ",
+                                                 where(op, M, N, K))));
+      }
+    }
   }
+}
+
+// The emulated bf16 instructions follow the SDM's pseudo-code, seen through
+// one 1 x 1 product over K = 4 (x . w with x = 1 everywhere):
+//   w = [0, 2^-24, 2^-24, 1]
+//   in k order (avx2, fma chains):       ((0 + 2^-24) + 2^-24) + 1 = 1 + 2^-23
+//   VDPBF16PS, odd then even per pair:   (0 + 2^-24) + 0 = 2^-24; + 1 = 1 (tie to
+//                                        even); + 2^-24 = 1
+//   TDPBF16PS, even and odd apart:       even 0 + 2^-24 = 2^-24, odd 2^-24 + 1 = 1;
+//                                        1 + 2^-24 = 1
+// and a denormal weight (bf16 0x0001) counts as zero there (DAZ), not in
+// the FMA chains. Only the emulations are checked: nothing in TierMoE relies
+// on these bits, only on each row getting the same ones.
+TEST(CpuIsa, EmulatedBf16InstructionsFollowTheSdm) {
+  auto product = [](CpuIsa isa, std::vector<uint16_t> w_bits) {
+    Tensor x = Tensor::empty({1, int64_t(w_bits.size())}, DType::bf16);
+    Tensor w = Tensor::empty({1, int64_t(w_bits.size())}, DType::bf16);
+    for (size_t k = 0; k < w_bits.size(); ++k) {
+      x.data<bf16>()[k] = float_to_bf16(1.0f);
+      w.data<bf16>()[k] = bf16{w_bits[k]};
+    }
+    Tensor y = Tensor::empty({1, 1}, DType::f32);
+    ScopedIsa scoped(isa);
+    cpu::matmul_forward(y, x, w);
+    return y.data<float>()[0];
+  };
+  const uint16_t zero = 0, tiny = float_to_bf16(0x1p-24f).bits, one = float_to_bf16(1.0f).bits;
+  const std::vector<uint16_t> order = {zero, tiny, tiny, one};
+  EXPECT_EQ(product(CpuIsa::avx2, order), 1.0f + 0x1p-23f);
+  EXPECT_EQ(product(CpuIsa::avx512_emu, order), 1.0f + 0x1p-23f);
+  EXPECT_EQ(product(CpuIsa::avx512bf16_emu, order), 1.0f);
+  EXPECT_EQ(product(CpuIsa::amx_emu, order), 1.0f);
+  const std::vector<uint16_t> denormal = {uint16_t(0x0001), zero};
+  const float smallest = std::bit_cast<float>(uint32_t(1) << 16);
+  EXPECT_EQ(product(CpuIsa::avx2, denormal), smallest);
+  EXPECT_EQ(product(CpuIsa::avx512bf16_emu, denormal), 0.0f);
+  EXPECT_EQ(product(CpuIsa::amx_emu, denormal), 0.0f);
+}
+
+TEST(CpuIsa, NamesRoundTripAndUnknownOnesAreClearErrors) {
+  for (CpuIsa isa : kIsas) EXPECT_EQ(parse_cpu_isa(cpu_isa_name(isa)), isa);
+  EXPECT_EQ(parse_cpu_isa("onednn"), CpuIsa::onednn);
   try {
     parse_cpu_isa("sse2");
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("sse2"), std::string::npos) << e.what();
-    EXPECT_NE(e.hint().find("avx2"), std::string::npos) << e.hint();
+    EXPECT_NE(e.hint().find("amx-emu"), std::string::npos) << e.hint();
   }
   EXPECT_TRUE(cpu_isa_supported(cpu_isa()));
-  EXPECT_FALSE(cpu_isas_supported().empty());
+  // The emulated ISAs run anywhere; a hardware one the CPU lacks is refused
+  // with the reason.
+  for (CpuIsa isa : kIsas) {
+    if (cpu_isa_emulated(isa)) {
+      EXPECT_TRUE(cpu_isa_supported(isa));
+    }
+    if (cpu_isa_supported(isa)) continue;
+    try {
+      set_cpu_isa(isa);
+      FAIL() << "set_cpu_isa accepted " << cpu_isa_name(isa);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(cpu_isa_missing(isa)), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

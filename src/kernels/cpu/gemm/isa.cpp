@@ -4,12 +4,15 @@
 #include <string>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/kernels/cpu_features.h"
 #include "tiermoe/kernels/cpu_isa.h"
 
 namespace tiermoe {
 namespace {
 
-constexpr CpuIsa kAll[] = {CpuIsa::avx2, CpuIsa::onednn};
+constexpr CpuIsa kAll[] = {CpuIsa::avx2,    CpuIsa::avx512,     CpuIsa::avx512bf16,
+                           CpuIsa::amx,     CpuIsa::avx512_emu, CpuIsa::avx512bf16_emu,
+                           CpuIsa::amx_emu, CpuIsa::onednn};
 
 std::string names(const auto& isas, const char* sep) {
   std::string s;
@@ -17,7 +20,12 @@ std::string names(const auto& isas, const char* sep) {
   return s;
 }
 
-CpuIsa best_supported() { return CpuIsa::avx2; }
+CpuIsa best_supported() {
+  for (CpuIsa isa : {CpuIsa::amx, CpuIsa::avx512bf16, CpuIsa::avx512}) {
+    if (cpu_isa_supported(isa)) return isa;
+  }
+  return CpuIsa::avx2;
+}
 
 CpuIsa checked(CpuIsa isa, std::string_view where) {
   TIERMOE_CHECK(
@@ -39,6 +47,18 @@ std::string_view cpu_isa_name(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::avx2:
       return "avx2";
+    case CpuIsa::avx512:
+      return "avx512";
+    case CpuIsa::avx512bf16:
+      return "avx512bf16";
+    case CpuIsa::amx:
+      return "amx";
+    case CpuIsa::avx512_emu:
+      return "avx512-emu";
+    case CpuIsa::avx512bf16_emu:
+      return "avx512bf16-emu";
+    case CpuIsa::amx_emu:
+      return "amx-emu";
     case CpuIsa::onednn:
       return "onednn";
   }
@@ -53,11 +73,38 @@ CpuIsa parse_cpu_isa(std::string_view name, std::string_view where) {
               "one of " + names(kAll, "|"));
 }
 
+bool cpu_isa_emulated(CpuIsa isa) {
+  return isa == CpuIsa::avx512_emu || isa == CpuIsa::avx512bf16_emu || isa == CpuIsa::amx_emu;
+}
+
+CpuIsa cpu_isa_real(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::avx512_emu:
+      return CpuIsa::avx512;
+    case CpuIsa::avx512bf16_emu:
+      return CpuIsa::avx512bf16;
+    case CpuIsa::amx_emu:
+      return CpuIsa::amx;
+    default:
+      return isa;
+  }
+}
+
 bool cpu_isa_supported(CpuIsa isa) {
   switch (isa) {
     case CpuIsa::avx2:
       // The x86-64-v3 baseline the whole build assumes.
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case CpuIsa::avx512:
+      return has_avx512f();
+    case CpuIsa::avx512bf16:
+      return has_avx512_bf16();
+    case CpuIsa::amx:
+      // Its f32 products run the avx512 kernel.
+      return has_avx512f() && request_amx_permission();
+    case CpuIsa::avx512_emu:
+    case CpuIsa::avx512bf16_emu:
+    case CpuIsa::amx_emu:
     case CpuIsa::onednn:
       return true;
   }
@@ -66,13 +113,32 @@ bool cpu_isa_supported(CpuIsa isa) {
 
 std::string cpu_isa_missing(CpuIsa isa) {
   if (cpu_isa_supported(isa)) return "nothing is missing";
-  return "this CPU has no AVX2/FMA (TierMoE needs x86-64-v3)";
+  switch (isa) {
+    case CpuIsa::avx2:
+      return "this CPU has no AVX2/FMA (TierMoE needs x86-64-v3)";
+    case CpuIsa::avx512:
+      return "this CPU has no AVX-512 (CPUID avx512f clear, or the OS does not save ZMM state)";
+    case CpuIsa::avx512bf16:
+      return "this CPU has no AVX-512 BF16 (CPUID avx512_bf16 clear, or no AVX-512)";
+    case CpuIsa::amx:
+      if (!has_amx_bf16()) {
+        return "this CPU has no AMX-BF16 (CPUID amx_tile/amx_bf16 clear, or the OS does not "
+               "enable tile state)";
+      }
+      if (!has_avx512f()) return "this CPU has AMX but no AVX-512 for the f32 products";
+      return "the OS refused AMX tile-data permission (arch_prctl; Linux 5.16+ needed)";
+    default:
+      return "unsupported";
+  }
 }
 
 std::vector<CpuIsa> cpu_isas_supported() {
   std::vector<CpuIsa> v;
   for (CpuIsa isa : kAll) {
-    if (isa != CpuIsa::onednn && cpu_isa_supported(isa)) v.push_back(isa);
+    if (isa != CpuIsa::onednn && !cpu_isa_emulated(isa) && cpu_isa_supported(isa)) v.push_back(isa);
+  }
+  for (CpuIsa isa : kAll) {
+    if (cpu_isa_emulated(isa)) v.push_back(isa);
   }
   return v;
 }

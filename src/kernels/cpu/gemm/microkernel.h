@@ -59,6 +59,10 @@ struct Microkernel {
 const Microkernel& microkernel(CpuIsa isa, DType in);
 
 // The tables each ISA's translation unit defines.
-const Microkernel* avx2_microkernels();  // isa_avx2.cpp: {f32, bf16}
+const Microkernel* avx2_microkernels();            // isa_avx2.cpp: {f32, bf16}
+const Microkernel* avx512_microkernels();          // isa_avx512.cpp: {f32, bf16}
+const Microkernel* avx512bf16_microkernels();      // isa_avx512bf16.cpp: {bf16}
+const Microkernel* amx_microkernels();             // isa_amx.cpp: {bf16}
+const Microkernel* emulated_microkernels(CpuIsa);  // isa_emu.cpp: {f32, bf16}
 
 }  // namespace tiermoe::cpu::gemm
