@@ -171,6 +171,8 @@ WorkspaceLayout workspace_layout(const ExpertShape& s, int64_t G) {
   return out;
 }
 
-size_t bytes_workspace(const ExpertShape& s, int64_t G) { return workspace_layout(s, G).bytes; }
+size_t bytes_workspace(const ExpertShape& s, int64_t G) {
+  return size_t(kWorkspaceSets) * workspace_layout(s, G).bytes;
+}
 
 }  // namespace tiermoe

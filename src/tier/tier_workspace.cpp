@@ -12,16 +12,19 @@ int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t rows) {
 
 TierWorkspace::TierWorkspace(Device& device, const ExpertShape& shape, int64_t max_rows)
     : device_(&device), max_rows_(max_rows), layout_(workspace_layout(shape, max_rows)) {
-  buffer_ = device.alloc(layout_.bytes, BufferUsage::workspace, "tier workspace (bucket staging)");
+  buffer_ = device.alloc(size_t(kWorkspaceSets) * layout_.bytes, BufferUsage::workspace,
+                         "tier workspace (bucket staging)");
 }
 
 TierWorkspace::~TierWorkspace() {
   if (buffer_.valid()) device_->free(buffer_);
 }
 
-DeviceTensor TierWorkspace::slot(std::string_view name, int64_t G) const {
+DeviceTensor TierWorkspace::slot(std::string_view name, int64_t G, int64_t set) const {
   TIERMOE_ASSERT(G >= 1 && G <= max_rows_, "bucket ", G, " past the workspace's ", max_rows_);
+  TIERMOE_ASSERT(set >= 0 && set < kWorkspaceSets, "workspace set ", set);
   DeviceTensor t = layout_.tensor(buffer_, name);
+  t.offset += size_t(set) * layout_.bytes;
   t.shape[0] = G;
   return t;
 }

@@ -266,14 +266,15 @@ void TieredExperts::enqueue_forward(int64_t e, Tensor* y_ND, Tensor* h_N2F, Tens
   for (int64_t c = b; c < end; c += Gmax) {
     const int64_t m = std::min(Gmax, end - c), G = bucket_for(buckets_, m);
     const Graph& graph = device_->compile(key(GraphKind::expert_fwd, G, absorb));
-    const DeviceTensor x = ws_->slot("x_GD", G), y = ws_->slot("y_GD", G),
-                       h = ws_->slot("h_G2F", G), a = ws_->slot("a_GF", G);
+    const int64_t set = launches_++ % kWorkspaceSets;
+    auto slot = [&](std::string_view name) { return ws_->slot(name, G, set); };
+    const DeviceTensor x = slot("x_GD"), y = slot("y_GD"), h = slot("h_G2F"), a = slot("a_GF");
     stage_rows(x, x_ND.rows(c, c + m));
     GraphArgs args;
     args.set("x_GD", x).set("w13_FD", r.weights.w13_FD).set("w2_DF", r.weights.w2_DF);
     args.set("y_GD", y).set("h_G2F", h).set("a_GF", a);
     if (absorb) {
-      const DeviceTensor s = ws_->slot("score_G", G);
+      const DeviceTensor s = slot("score_G");
       stage_rows(s, score_N.rows(c, c + m));
       args.set("score_G", s);
     }
@@ -302,8 +303,9 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
   for (int64_t c = b; c < end; c += Gmax) {
     const int64_t m = std::min(Gmax, end - c), G = bucket_for(buckets_, m);
     const Graph& graph = device_->compile(key(kind, G, absorb));
-    const DeviceTensor dy = ws_->slot("y_GD", G), h = ws_->slot("h_G2F", G),
-                       dx = ws_->slot("dx_GD", G);
+    const int64_t set = launches_++ % kWorkspaceSets;
+    auto slot = [&](std::string_view name) { return ws_->slot(name, G, set); };
+    const DeviceTensor dy = slot("y_GD"), h = slot("h_G2F"), dx = slot("dx_GD");
     stage_rows(dy, dy_ND.rows(c, c + m));
     stage_rows(h, saved.get("h_N2F").rows(c, c + m));
     GraphArgs args;
@@ -311,18 +313,18 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
     args.set("w2_DF", r.weights.w2_DF);
     args.set("dx_GD", dx);
     if (absorb || sums_host) {
-      const DeviceTensor a = ws_->slot("a_GF", G);
+      const DeviceTensor a = slot("a_GF");
       stage_rows(a, saved.get("a_NF").rows(c, c + m));
       args.set("a_GF", a);
     }
     if (absorb) {
-      const DeviceTensor s = ws_->slot("score_G", G);
+      const DeviceTensor s = slot("score_G");
       stage_rows(s, score_N.rows(c, c + m));
-      args.set("score_G", s).set("dscore_G", ws_->slot("dscore_G", G));
+      args.set("score_G", s).set("dscore_G", slot("dscore_G"));
     }
     if (bias) args.set("b13_F", r.weights.b13_F).set("b2_D", r.weights.b2_D);
     if (sums_host) {
-      const DeviceTensor x = ws_->slot("x_GD", G);
+      const DeviceTensor x = slot("x_GD");
       stage_rows(x, saved.get("x_ND").rows(c, c + m));
       args.set("x_GD", x).set("dw13_FD", r.sums.w13_FD).set("dw2_DF", r.sums.w2_DF);
       if (bias) args.set("db13_F", r.sums.b13_F).set("db2_D", r.sums.b2_D);
@@ -333,7 +335,7 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
     download_tensor(*device_, dx_rows, dx);
     if (absorb) {
       Tensor ds_rows = dscore_N.rows(c, c + m);
-      download_tensor(*device_, ds_rows, ws_->slot("dscore_G", G));
+      download_tensor(*device_, ds_rows, slot("dscore_G"));
     }
     stats_.padded_rows += G - m;
   }

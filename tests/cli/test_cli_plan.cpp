@@ -26,9 +26,9 @@ std::vector<std::string> plan_args(std::vector<std::string> extra, bool rates = 
 
 TEST_F(Cli, PlanJsonKeepsTheBudget) {
   // tiny: 2 MoE layers x 8 experts; a bf16 expert is 12 KB, the workspace
-  // about 300 KB, so 350KB holds a few experts and not all 16.
+  // (two sets) about 600 KB, so 700KB holds a few experts and not all 16.
   for (const char* placement : {"auto", "device"}) {
-    RunResult r = run(plan_args({"--device-memory", "350KB", "--placement", placement, "--json"}));
+    RunResult r = run(plan_args({"--device-memory", "700KB", "--placement", placement, "--json"}));
     ASSERT_EQ(r.rc, 0) << r.err;
     const Json j = last_json_line(r.out);
     for (const char* key :
@@ -39,7 +39,7 @@ TEST_F(Cli, PlanJsonKeepsTheBudget) {
     const size_t budget = j["budget_bytes"], bytes = j["bytes"];
     const size_t ws = j["workspace_bytes"], per = j["expert_bytes"];
     const int64_t resident = j["resident"];
-    EXPECT_EQ(budget, 350000u);
+    EXPECT_EQ(budget, 700000u);
     EXPECT_LE(bytes, budget);
     EXPECT_EQ(bytes, resident > 0 ? ws + size_t(resident) * per : 0);
     EXPECT_LT(resident, 16);

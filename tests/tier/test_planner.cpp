@@ -139,7 +139,7 @@ TEST(CostModel, WorkspaceSlotsAreAlignedAndDisjoint) {
     }
     EXPECT_LE(end, ws.bytes);
     EXPECT_LT(ws.bytes, sum + ws.slots.size() * kWorkspaceAlign);
-    EXPECT_EQ(ws.bytes, bytes_workspace(s, G));
+    EXPECT_EQ(size_t(kWorkspaceSets) * ws.bytes, bytes_workspace(s, G));
     std::vector<std::string> want = {"x_GD", "y_GD", "dx_GD", "h_G2F", "a_GF"};
     if (absorb) {
       want.push_back("score_G");

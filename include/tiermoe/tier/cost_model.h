@@ -28,7 +28,8 @@
 // Memory: a resident expert holds its weights (w13 2F x D, w2 D x F, biases
 //         b13 2F and b2 D) in the compute dtype, and for full fine-tuning
 //         their gradient sums in the grad dtype (bytes_resident). Each device
-//         holds one workspace (workspace_layout), shared by all layers.
+//         holds one workspace (kWorkspaceSets x workspace_layout), shared by
+//         all layers.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -126,6 +127,11 @@ struct WorkspaceLayout {
 };
 inline constexpr size_t kWorkspaceAlign = 256;
 WorkspaceLayout workspace_layout(const ExpertShape& s, int64_t G);
+// Successive launches take turns over this many sets of the slots, so a
+// device that overlaps its work (the CUDA device) stages one launch's rows
+// into one set while the launch before it still computes from the other.
+inline constexpr int64_t kWorkspaceSets = 2;
+// The workspace's device memory: kWorkspaceSets layouts at G rows.
 size_t bytes_workspace(const ExpertShape& s, int64_t G);
 
 // Start-up measurements (a second or less at Qwen3 shapes; warm-up excluded).

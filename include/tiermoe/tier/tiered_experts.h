@@ -29,8 +29,9 @@ namespace tiermoe {
 int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t rows);
 
 // The device staging of cost_model.h's workspace_layout at the largest
-// bucket, allocated once and shared by every layer (layers run one at a
-// time). Rows past a launch's count are zeroed on the device before it runs.
+// bucket, kWorkspaceSets times over, allocated once and shared by every
+// layer (layers run one at a time). Successive launches take the sets in
+// turn. Rows past a launch's count are zeroed on the device before it runs.
 class TierWorkspace {
  public:
   TierWorkspace(Device& device, const ExpertShape& shape, int64_t max_rows);
@@ -39,9 +40,9 @@ class TierWorkspace {
   TierWorkspace& operator=(const TierWorkspace&) = delete;
 
   // The first G rows of a slot (x_GD, y_GD, dx_GD, h_G2F, a_GF, score_G,
-  // dscore_G; the backward's dy goes in y_GD).
-  DeviceTensor slot(std::string_view name, int64_t G) const;
-  size_t bytes() const { return layout_.bytes; }
+  // dscore_G; the backward's dy goes in y_GD) of set `set`.
+  DeviceTensor slot(std::string_view name, int64_t G, int64_t set) const;
+  size_t bytes() const { return size_t(kWorkspaceSets) * layout_.bytes; }
   int64_t max_rows() const { return max_rows_; }
 
  private:
@@ -155,6 +156,7 @@ class TieredExperts final : public ExpertExecutor {
   std::function<void(const std::vector<int64_t>&)> observe_;
   TierLayerStats stats_;
   DeviceCounters before_;
+  int64_t launches_ = 0;  // picks the workspace set of the next launch
 };
 
 }  // namespace tiermoe
