@@ -248,7 +248,8 @@ void add_train_command(CLI::App& app) {
 
   TierRunConfig& d = c.tier;
   cmd->add_option("--device", d.device,
-                  "Device tier for hot experts: cpu (the CPU backend), cuda, or none")
+                  "Device tier for hot experts: cpu (the CPU backend), cuda or cuda:N (a GPU; "
+                  "builds with the CUDA toolkit), or none")
       ->capture_default_str();
   cmd->add_option("--device-memory", f->device_memory,
                   "The device tier's memory budget, e.g. 2GiB (required with --device)");

@@ -6,6 +6,7 @@
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/tier/cpu_device.h"
+#include "tiermoe/tier/cuda_device.h"
 #include "tiermoe/train/metrics.h"
 
 namespace tiermoe {
@@ -14,12 +15,19 @@ using detail::str_of;
 using nlohmann::json;
 
 void TierRunConfig::validate() const {
-  TIERMOE_CHECK(device == "none" || device == "cpu" || device == "cuda",
-                "unknown --device '" + device + "'", "--device", "use cpu, cuda or none");
-  TIERMOE_CHECK(device != "cuda", "this build has no CUDA device backend", "--device cuda",
-                "run the device tier on the CPU backend (--device cpu) or without one");
+  const DeviceChoice choice = parse_device_choice(device, "--device");
   parse_placement_mode(placement, "--placement");
   if (!enabled()) return;
+  if (choice.kind == DeviceChoice::Kind::cuda) {
+    // Before any model is loaded: a build or machine without CUDA says so at once.
+    std::string why;
+    TIERMOE_CHECK(cuda_device_count(&why) > 0, why, "--device " + device,
+                  cuda_backend_built()
+                      ? "run on a machine with an NVIDIA GPU and its driver (nvidia-smi lists "
+                        "it), or use --device cpu"
+                      : "install the CUDA toolkit and rebuild (make build "
+                        "CMAKE_ARGS=-DTIERMOE_CUDA=ON), or use --device cpu");
+  }
   TIERMOE_CHECK(device_memory > 0, "--device needs --device-memory", "--device-memory",
                 "give the device tier's budget, e.g. --device-memory 2GiB");
   TIERMOE_CHECK(device_threads >= 0, "--device-threads must be >= 0", "--device-threads",
@@ -52,13 +60,24 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
   config_.validate();
   const ExpertShape shape = expert_shape(model);
   const TrainMode mode = full_ft ? TrainMode::full : TrainMode::lora;
+  const DeviceChoice choice = parse_device_choice(config_.device, "--device");
+  const bool cuda = choice.kind == DeviceChoice::Kind::cuda;
   const int cores = default_num_threads();
   const int device_threads = config_.device_threads > 0 ? config_.device_threads
                                                         : std::max(1, cores / 2);
-  // The CPU device shares the cores: the host gives it its threads while both run.
-  const int host_threads = std::max(1, cores - device_threads);
-  device_ = std::make_unique<CpuDevice>(
-      CpuDeviceConfig{.memory_bytes = size_t(config_.device_memory), .threads = device_threads});
+  // The CPU device shares the cores: the host gives it its threads while both
+  // run. A GPU needs one core for its staging threads (pinned copies).
+  const int host_threads = std::max(1, cores - (cuda ? 1 : device_threads));
+  // The device, or a probe of its kind for the start-up measurements (a
+  // device of its own, so the tier's budget is untouched).
+  auto make_device = [&](size_t bytes) -> std::unique_ptr<Device> {
+    if (cuda) {
+      return make_cuda_device(CudaDeviceConfig{.memory_bytes = bytes, .ordinal = choice.ordinal},
+                              "--device " + config_.device);
+    }
+    return std::make_unique<CpuDevice>(
+        CpuDeviceConfig{.memory_bytes = bytes, .threads = device_threads});
+  };
 
   CostModel cost;
   if (config_.cost) {
@@ -66,17 +85,21 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
   } else {
     cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
     cost.host_flops_per_s = measure_host(shape, mode, host_threads);
-    // Measured on a device of its own, so the tier's budget is untouched.
-    CpuDevice probe(CpuDeviceConfig{.memory_bytes = measure_device_bytes(shape, mode, cost.buckets),
-                                    .threads = device_threads});
-    const DeviceRates r = measure_device(probe, shape, mode, cost.buckets);
+    const std::unique_ptr<Device> probe =
+        make_device(measure_device_bytes(shape, mode, cost.buckets));
+    const DeviceRates r = measure_device(*probe, shape, mode, cost.buckets);
     cost.device_flops_per_s = r.flops_per_s;
     cost.link_bytes_per_s = r.link_bytes_per_s;
     cost.launch_s = r.launch_s;
   }
+  device_ = make_device(size_t(config_.device_memory));
   if (log) {
-    *log << str_of("tier: cpu device, ", device_threads, " kernel thread(s) (host keeps ",
-                   host_threads, " while it runs), budget ", config_.device_memory, " bytes\n",
+    const std::string what =
+        cuda ? str_of(device_->name(), " device (", cuda_device_summary(choice.ordinal),
+                      "), host keeps ", host_threads, " thread(s)")
+             : str_of("cpu device, ", device_threads, " kernel thread(s) (host keeps ",
+                      host_threads, " while it runs)");
+    *log << str_of("tier: ", what, ", budget ", config_.device_memory, " bytes\n",
                    "tier: cost model", config_.cost ? " (given)" : " (measured)", ": host ",
                    cost.host_flops_per_s / 1e9, " GFLOP/s, device ",
                    cost.device_flops_per_s / 1e9, " GFLOP/s, link ",
@@ -113,6 +136,12 @@ json TierSession::summary_json() const {
   j["device"] = device_->name();
   j["placement"] = config_.placement;
   j["device_memory"] = config_.device_memory;
+  // The rates the planner predicted with (measured at start-up unless given).
+  const CostModel& c = tier_->config().cost;
+  j["rates"] = {{"host_flops_per_s", c.host_flops_per_s},
+                {"device_flops_per_s", c.device_flops_per_s},
+                {"link_bytes_per_s", c.link_bytes_per_s},
+                {"launch_s", c.launch_s}};
   return j;
 }
 
