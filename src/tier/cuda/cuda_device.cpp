@@ -225,6 +225,11 @@ void CudaDevice::Impl::feeder_main() {
 
 void CudaDevice::Impl::lander_main() {
   std::unique_lock lk(mu);
+  try {
+    set_device();
+  } catch (const std::exception& e) {
+    fail(e.what());
+  }
   for (;;) {
     landing_cv.wait(lk, [&] { return stop_lander || !landings.empty(); });
     if (stop_lander) return;  // the rest is discarded: its host buffers may be gone
