@@ -7,6 +7,7 @@
 #include "tiermoe/kernels/cross_entropy.h"
 #include "tiermoe/kernels/embedding.h"
 #include "tiermoe/kernels/matmul.h"
+#include "tiermoe/kernels/matmul_mixed.h"
 #include "tiermoe/kernels/rmsnorm.h"
 
 namespace tiermoe {
@@ -171,7 +172,7 @@ std::vector<const Routing*> CausalLM::routings() const {
 
 double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_t> targets_BT,
                          int64_t B, int64_t T, bool grad) {
-  const int64_t N = B * T, D = config_.hidden_size, V = config_.vocab_size;
+  const int64_t N = B * T, D = config_.hidden_size;
   TIERMOE_CHECK(B >= 1 && T >= 1, detail::str_of("batch ", B, " x ", T, " tokens"),
                 "CausalLM::forward", "B and T must be positive");
   TIERMOE_CHECK(int64_t(ids_BT.size()) == N && int64_t(targets_BT.size()) == N,
@@ -199,20 +200,12 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   rstd_f_T_ = Tensor::empty({N}, acc_dtype_for(dtype_));
   nf_TD_ = Tensor::empty({N, D}, dtype_);
   cpu::rmsnorm_forward(nf_TD_, rstd_f_T_, xf_TD_, norm_.value, config_.rms_norm_eps);
-  logits_NV_ = Tensor::empty({N, V}, dtype_);
-  const Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
-  cpu::matmul_forward(logits_NV_, nf_TD_, head.value);
-
+  Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
+  Tensor dw_head = grad ? head.grad_sink() : Tensor();
+  dn_TD_ = grad ? Tensor::empty({N, D}, dtype_) : Tensor();
   loss_ = LossParts();
-  loss_.targets = std::count_if(targets_BT.begin(), targets_BT.end(),
-                                [](int32_t t) { return t != kIgnoreIndex; });
-  if (grad) {
-    dlogits_NV_ = Tensor::empty({N, V}, dtype_);
-    loss_.ce = cpu::cross_entropy_forward_backward(dlogits_NV_, logits_NV_, targets_BT);
-  } else {
-    dlogits_NV_ = Tensor();
-    loss_.ce = cpu::cross_entropy_forward(logits_NV_, targets_BT);
-  }
+  loss_.targets = count_targets(targets_BT);
+  loss_.ce = lm_head_loss(dn_TD_, dw_head, nf_TD_, head.value, targets_BT, head_chunk_);
   std::vector<const Routing*> rs = routings();
   if (!rs.empty()) {
     aux_ = aux_loss_forward(rs);
@@ -221,14 +214,30 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   loss_.aux_in_total = config_.output_router_logits && !rs.empty();
   loss_.total = loss_.ce + (loss_.aux_in_total ? config_.router_aux_loss_coef * loss_.aux : 0.0);
   if (!std::isfinite(loss_.total)) {
-    const bool logits_bad = first_non_finite(logits_NV_) >= 0;
+    const bool norm_bad = first_non_finite(nf_TD_) >= 0;
     throw Error(str_of("the loss is ", loss_.total, " (cross-entropy ", loss_.ce, ", aux ",
-                       loss_.aux, logits_bad ? "); the logits (model.norm, lm_head) are non-finite"
-                                             : ")"),
+                       loss_.aux,
+                       norm_bad ? "); the output of model.norm is non-finite"
+                                : "); the logits (lm_head) or the loss overflowed"),
                 "CausalLM::forward", kNonFiniteHint);
   }
   has_grad_state_ = grad;
   return loss_.total;
+}
+
+Tensor CausalLM::logits() const {
+  TIERMOE_CHECK(nf_TD_.defined(), "no forward has run", "CausalLM::logits",
+                "call forward first");
+  const Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
+  Tensor logits_NV = Tensor::empty({nf_TD_.size(0), config_.vocab_size}, dtype_);
+  cpu::matmul_forward_mixed(logits_NV, nf_TD_, head.value);
+  return logits_NV;
+}
+
+void CausalLM::set_lm_head_chunk(int64_t tokens) {
+  TIERMOE_CHECK(tokens >= 0, str_of("LM head chunk ", tokens, " must be >= 0"), "--lm-head-chunk",
+                "pass a number of tokens, or 0 for one chunk");
+  head_chunk_ = tokens;
 }
 
 void CausalLM::backward() {
@@ -237,17 +246,12 @@ void CausalLM::backward() {
   has_grad_state_ = false;  // MoE saved state is consumed once
   const int64_t N = B_ * T_, D = config_.hidden_size;
 
-  // logits = norm(x) . W_head^T
-  Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
-  Tensor dn_TD = Tensor::empty({N, D}, dtype_);
-  cpu::matmul_backward_dx(dn_TD, dlogits_NV_, head.value);
-  if (Tensor dw = head.grad_sink(); dw.defined()) {
-    cpu::matmul_backward_dw(dw, dlogits_NV_, nf_TD_, /*accumulate=*/true);
-  }
+  // The head's part (dn_TD_, and the head's weight gradient) ran in forward.
   Tensor dx_TD = Tensor::zeros({N, D}, dtype_);
   Tensor dw_norm = norm_.grad_sink();
-  cpu::rmsnorm_backward(dx_TD, dw_norm, dn_TD, xf_TD_, norm_.value, rstd_f_T_,
+  cpu::rmsnorm_backward(dx_TD, dw_norm, dn_TD_, xf_TD_, norm_.value, rstd_f_T_,
                         /*accumulate=*/true);
+  dn_TD_ = Tensor();
 
   // The aux loss reaches each MoE layer's router logits directly.
   std::vector<const Routing*> rs = routings();

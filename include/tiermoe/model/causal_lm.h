@@ -38,6 +38,7 @@
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/moe/aux_loss.h"
 #include "tiermoe/model/decoder_layer.h"
+#include "tiermoe/model/lm_head.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/weight.h"
 #include "tiermoe/remat/policy.h"
@@ -75,13 +76,22 @@ class CausalLM {
   DType dtype() const { return dtype_; }
 
   // The loss of B x T tokens. With `grad` the forward keeps what backward()
-  // needs (the logits' gradient included); without it, backward() is an Error.
+  // needs; without it, backward() is an Error. The LM head and the loss run
+  // in chunks of lm_head_chunk() tokens (lm_head.h): with `grad` the forward
+  // already turns each chunk's logits into d loss / d (final hidden state) and
+  // accumulates the head's weight gradient (lm_head.weight, or the tied
+  // embedding), since no chunk's logits outlive it.
   double forward(std::span<const int32_t> ids_BT, std::span<const int32_t> targets_BT, int64_t B,
                  int64_t T, bool grad = true);
   // d loss / d every parameter that requires grad, accumulated (+=).
   void backward();
   const LossParts& last_loss() const { return loss_; }
-  const Tensor& logits() const { return logits_NV_; }  // [B*T, V] of the last forward
+  // [B*T, V] logits of the last forward, computed anew here (the forward
+  // keeps only the final hidden state).
+  Tensor logits() const;
+  // Token rows per LM head chunk (lm_head.h); 0: one chunk of all rows.
+  void set_lm_head_chunk(int64_t tokens);
+  int64_t lm_head_chunk() const { return head_chunk_; }
 
   // Every parameter by HF name, in checkpoint order. Gradients of parameters
   // that require grad are allocated (zeroed) here when no backward has yet.
@@ -168,7 +178,8 @@ class CausalLM {
   RopeTables rope_;
   std::vector<DecoderLayerSaved> saved_;
   Tensor xf_TD_, rstd_f_T_, nf_TD_;  // final norm's input, statistics, output
-  Tensor logits_NV_, dlogits_NV_;
+  Tensor dn_TD_;                     // d loss / d nf_TD_, from the chunked head
+  int64_t head_chunk_ = kDefaultLmHeadChunk;
   AuxLoss aux_;
   LossParts loss_;
 };
