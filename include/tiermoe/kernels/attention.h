@@ -18,6 +18,19 @@
 //   dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
 // with dk, dv summed over the query heads of each kv group. Sums run in a
 // fixed order, so results do not depend on the thread count.
+//
+// Packed documents (the *_docs entry points): several documents share a row
+// of T tokens and no token attends across a document boundary, as
+// transformers' varlen (flash-attention) path does for a batch flattened by
+// DataCollatorWithFlattening. doc_start_BT[b*T + i] is the index within row b
+// of the first token of i's document, so query i sees keys j with
+// doc_start <= j <= i. Documents are contiguous: doc_start of token 0 is 0,
+// and each later token either continues its predecessor's document (same
+// start) or begins one (start = its own index); anything else is an Error.
+// An empty span is one document per row (plain causal attention).
+#include <cstdint>
+#include <span>
+
 #include "tiermoe/core/tensor.h"
 
 namespace tiermoe {
@@ -28,7 +41,13 @@ namespace tiermoe {
   /* dq, dk, dv (+)= with accumulate */                                                         \
   void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,              \
                           const Tensor& q, const Tensor& k, const Tensor& v,                   \
-                          const Tensor& lse_BTH, bool accumulate = false);
+                          const Tensor& lse_BTH, bool accumulate = false);             \
+  void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,  \
+                              const Tensor& v, std::span<const int32_t> doc_start_BT);          \
+  void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,         \
+                               const Tensor& q, const Tensor& k, const Tensor& v,              \
+                               const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,   \
+                               bool accumulate = false);
 
 namespace ref {
 TIERMOE_ATTENTION_DECLS

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../attention_docs.h"
 #include "../nn_common.h"
 #include "tiermoe/core/parallel.h"
 
@@ -87,8 +88,16 @@ inline void to_scores(acc_t<T>* s, int64_t n, acc_t<T> scale) {
 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
                        const Tensor& v) {
+  attention_forward_docs(out, lse_BTH, q, k, v, {});
+}
+
+// With packed documents a query row's scores run over keys [j0, i], its
+// document's; scratch index j - j0 holds key j.
+void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
+                            const Tensor& v, std::span<const int32_t> doc_start_BT) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   check_elementwise(out, "out", q, "q", "attention_forward");
+  check_doc_starts(doc_start_BT, d.B, d.T, "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     const A scale = A(1.0 / std::sqrt(double(d.P)));
@@ -109,19 +118,20 @@ void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tens
         for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
           int64_t at = (b * Tn + i) * d.Hq + h;
           for (int64_t c = 0; c < P; ++c) qi[size_t(c)] = load(qs[at * P + c]);
-          dot_run(s.data(), qi.data(), kTh, P, Tn, 0, i + 1);
-          to_scores<T>(s.data(), i + 1, scale);
+          const int64_t j0 = first_key(doc_start_BT, b, Tn, i), n = i + 1 - j0;
+          dot_run(s.data(), qi.data(), kTh, P, Tn, j0, i + 1);
+          to_scores<T>(s.data(), n, scale);
           A m = -INFINITY;
-          for (int64_t j = 0; j <= i; ++j) m = std::max(m, s[size_t(j)]);
+          for (int64_t j = 0; j < n; ++j) m = std::max(m, s[size_t(j)]);
           A sum = 0;
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = 0; j < n; ++j) {
             s[size_t(j)] = std::exp(s[size_t(j)] - m);
             sum += s[size_t(j)];
           }
           lses[at] = m + std::log(sum);
           std::fill(o.begin(), o.end(), A(0));
-          for (int64_t j = 0; j <= i; ++j) {
-            axpy(o.data(), A(round_to<T>(s[size_t(j)] / sum)), vh + j * P, P);
+          for (int64_t j = 0; j < n; ++j) {
+            axpy(o.data(), A(round_to<T>(s[size_t(j)] / sum)), vh + (j0 + j) * P, P);
           }
           for (int64_t c = 0; c < P; ++c) outs[at * P + c] = store<T>(o[size_t(c)]);
         }
@@ -132,7 +142,15 @@ void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tens
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& lse_BTH, bool accumulate) {
+  attention_backward_docs(dq, dk, dv, dout, q, k, v, lse_BTH, {}, accumulate);
+}
+
+void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                             const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
+                             bool accumulate) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
+  check_doc_starts(doc_start_BT, d.B, d.T, "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
   check_elementwise(dk, "dk", k, "k", "attention_backward");
@@ -169,18 +187,20 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
           const A* qi = qp.data() + (bh * Tn + i) * P;
           const A* doi = dop.data() + (bh * Tn + i) * P;
           A lse_i = lse[size_t(bh * Tn + i)];
-          dot_run(p.data(), qi, kTh, P, Tn, 0, i + 1);
-          to_scores<T>(p.data(), i + 1, scale);
-          dot_run(dp.data(), doi, vTh, P, Tn, 0, i + 1);
+          const int64_t j0 = first_key(doc_start_BT, b, Tn, i), n = i + 1 - j0;
+          dot_run(p.data(), qi, kTh, P, Tn, j0, i + 1);
+          to_scores<T>(p.data(), n, scale);
+          dot_run(dp.data(), doi, vTh, P, Tn, j0, i + 1);
           A sum_p_dp = 0;
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = 0; j < n; ++j) {
             p[size_t(j)] = std::exp(p[size_t(j)] - lse_i);
             sum_p_dp += p[size_t(j)] * dp[size_t(j)];
           }
           D[size_t(bh * Tn + i)] = sum_p_dp;
           std::fill(gq.begin(), gq.end(), A(0));
-          for (int64_t j = 0; j <= i; ++j) {
-            axpy(gq.data(), p[size_t(j)] * (dp[size_t(j)] - sum_p_dp) * scale, kh + j * P, P);
+          for (int64_t j = 0; j < n; ++j) {
+            axpy(gq.data(), p[size_t(j)] * (dp[size_t(j)] - sum_p_dp) * scale, kh + (j0 + j) * P,
+                 P);
           }
           T* dqi = dqs + ((b * Tn + i) * d.Hq + h) * P;
           for (int64_t c = 0; c < P; ++c) put(dqi[c], gq[size_t(c)], accumulate);
@@ -205,16 +225,22 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
         for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
           int64_t bh = b * d.Hq + h;
           for (int64_t i = j0; i < Tn; ++i) {
+            // Document starts never decrease along a row: once a query's
+            // document begins after this key block, so do all later ones'.
+            const int64_t first = first_key(doc_start_BT, b, Tn, i);
+            if (first >= j1) break;
             const A* qi = qp.data() + (bh * Tn + i) * P;
             const A* doi = dop.data() + (bh * Tn + i) * P;
             A lse_i = lse[size_t(bh * Tn + i)], D_i = D[size_t(bh * Tn + i)];
-            int64_t j_end = std::min(j1, i + 1);  // causal: keys up to i
-            dot_run(s.data(), qi, kTh, P, Tn, j0, j_end);
-            to_scores<T>(s.data(), j_end - j0, scale);
-            dot_run(dp.data(), doi, vTh, P, Tn, j0, j_end);
-            for (int64_t j = j0; j < j_end; ++j) {
-              A p = std::exp(s[size_t(j - j0)] - lse_i);
-              A ds = p * (dp[size_t(j - j0)] - D_i) * scale;
+            const int64_t j_lo = std::max(j0, first);
+            const int64_t j_end = std::min(j1, i + 1);  // causal: keys up to i
+            if (j_lo >= j_end) continue;
+            dot_run(s.data(), qi, kTh, P, Tn, j_lo, j_end);
+            to_scores<T>(s.data(), j_end - j_lo, scale);
+            dot_run(dp.data(), doi, vTh, P, Tn, j_lo, j_end);
+            for (int64_t j = j_lo; j < j_end; ++j) {
+              A p = std::exp(s[size_t(j - j_lo)] - lse_i);
+              A ds = p * (dp[size_t(j - j_lo)] - D_i) * scale;
               axpy(gk.data() + (j - j0) * P, ds, qi, P);
               axpy(gv.data() + (j - j0) * P, A(round_to<T>(p)), doi, P);
             }

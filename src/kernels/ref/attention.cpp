@@ -4,6 +4,7 @@
 #include <cmath>
 #include <vector>
 
+#include "../attention_docs.h"
 #include "../nn_common.h"
 
 namespace tiermoe::ref {
@@ -12,8 +13,9 @@ using namespace nn_detail;
 
 namespace {
 
-// Scores of query row (b, i, h) against keys 0..i, rounded as HF's eager
-// code rounds them, with the row max and the sum of exp(s - max).
+// Scores of query row (b, i, h) against keys j0..i (j0: its document's first
+// token), rounded as HF's eager code rounds them, with the row max and the
+// sum of exp(s - max). s[j] for j < j0 is unused.
 template <class T>
 struct ScoreRow {
   std::vector<acc_t<T>> s;
@@ -22,19 +24,19 @@ struct ScoreRow {
 
 template <class T>
 ScoreRow<T> score_row(const Tensor& q, const Tensor& k, const AttentionDims& d, int64_t b,
-                      int64_t i, int64_t h) {
+                      int64_t i, int64_t h, int64_t j0) {
   using A = acc_t<T>;
   const A scale = A(1.0 / std::sqrt(double(d.P)));
   const T* qi = q.data<T>() + ((b * d.T + i) * d.Hq + h) * d.P;
   ScoreRow<T> row{std::vector<A>(static_cast<size_t>(i + 1)), A(-INFINITY), A(0)};
-  for (int64_t j = 0; j <= i; ++j) {
+  for (int64_t j = j0; j <= i; ++j) {
     const T* kj = k.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
     A dot = 0;
     for (int64_t p = 0; p < d.P; ++p) dot += load(qi[p]) * load(kj[p]);
     row.s[size_t(j)] = round_to<T>(round_to<T>(dot) * scale);
     row.max = std::max(row.max, row.s[size_t(j)]);
   }
-  for (int64_t j = 0; j <= i; ++j) row.sum += std::exp(row.s[size_t(j)] - row.max);
+  for (int64_t j = j0; j <= i; ++j) row.sum += std::exp(row.s[size_t(j)] - row.max);
   return row;
 }
 
@@ -42,18 +44,25 @@ ScoreRow<T> score_row(const Tensor& q, const Tensor& k, const AttentionDims& d, 
 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
                        const Tensor& v) {
+  attention_forward_docs(out, lse_BTH, q, k, v, {});
+}
+
+void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
+                            const Tensor& v, std::span<const int32_t> doc_start_BT) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   check_elementwise(out, "out", q, "q", "attention_forward");
+  check_doc_starts(doc_start_BT, d.B, d.T, "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     std::vector<A> o(static_cast<size_t>(d.P));
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t i = 0; i < d.T; ++i) {
         for (int64_t h = 0; h < d.Hq; ++h) {
-          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h);
+          const int64_t j0 = first_key(doc_start_BT, b, d.T, i);
+          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0);
           lse_BTH.data<A>()[(b * d.T + i) * d.Hq + h] = row.max + std::log(row.sum);
           std::fill(o.begin(), o.end(), A(0));
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = j0; j <= i; ++j) {
             A p = round_to<T>(std::exp(row.s[size_t(j)] - row.max) / row.sum);
             const T* vj = v.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
             for (int64_t c = 0; c < d.P; ++c) o[size_t(c)] += p * load(vj[c]);
@@ -70,7 +79,15 @@ void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tens
 // accumulates all three gradients in the math dtype, then rounds once.
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& lse_BTH, bool accumulate) {
+  attention_backward_docs(dq, dk, dv, dout, q, k, v, lse_BTH, {}, accumulate);
+}
+
+void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+                             const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
+                             bool accumulate) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
+  check_doc_starts(doc_start_BT, d.B, d.T, "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
   check_elementwise(dk, "dk", k, "k", "attention_backward");
@@ -83,13 +100,14 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t i = 0; i < d.T; ++i) {
         for (int64_t h = 0; h < d.Hq; ++h) {
-          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h);
+          const int64_t j0 = first_key(doc_start_BT, b, d.T, i);
+          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0);
           int64_t qi_at = ((b * d.T + i) * d.Hq + h) * d.P;
           const T* qi = q.data<T>() + qi_at;
           const T* doi = dout.data<T>() + qi_at;
           std::vector<A> p(size_t(i + 1)), dp(size_t(i + 1));
           A sum_p_dp = 0;
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = j0; j <= i; ++j) {
             const T* vj = v.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
             p[size_t(j)] = std::exp(row.s[size_t(j)] - row.max) / row.sum;
             A dot = 0;
@@ -97,7 +115,7 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
             dp[size_t(j)] = dot;
             sum_p_dp += p[size_t(j)] * dot;
           }
-          for (int64_t j = 0; j <= i; ++j) {
+          for (int64_t j = j0; j <= i; ++j) {
             int64_t kj_at = ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
             const T* kj = k.data<T>() + kj_at;
             A ds = p[size_t(j)] * (dp[size_t(j)] - sum_p_dp) * scale;
