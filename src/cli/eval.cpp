@@ -1,11 +1,14 @@
-// tiermoe eval: the loss of a checkpoint on the first B windows of a token
-// file, and optionally d(loss)/d(every parameter), as the command-line
-// contract (docs/architecture.md) defines them. Outside tools compare TierMoE with other
+// tiermoe eval: the loss of a checkpoint on the first B rows of the data
+// `train` takes, and optionally d(loss)/d(every parameter), as the
+// command-line contract (docs/architecture.md) defines them. Outside tools compare TierMoE with other
 // implementations through this command, so its semantics are the contract's
 // and nothing more:
 //
-//   window i: inputs tokens [i*L, i*L+L), targets [i*L+1, i*L+L+1), i < B
-//   loss = mean cross-entropy over the B*L targets
+//   a token file: window i takes inputs [i*L, i*L+L), targets [i*L+1, i*L+L+1), i < B
+//   SFT JSON Lines: row i of the packed (or, with --no-packing, padded)
+//     examples (train/sft_data.h): labels of -100 carry no loss, positions
+//     restart and attention stops at each example
+//   loss = mean cross-entropy over the counted targets
 //        + router_aux_loss_coef * aux   iff config.json's output_router_logits
 //
 // Every check that can fail (paths, data length, token ids, the checkpoint)
@@ -23,6 +26,7 @@
 #include "tiermoe/io/tokens.h"
 #include "tiermoe/model/causal_lm.h"
 #include "tiermoe/train/data.h"
+#include "tiermoe/train/trainer_config.h"
 
 namespace tiermoe::cli {
 
@@ -38,6 +42,8 @@ struct EvalOptions {
   int64_t batch = 0;
   std::string dtype = "f64";
   std::string save_grads;  // empty: no backward
+  bool no_packing = false;
+  int64_t lm_head_chunk = kDefaultLmHeadChunk;
   bool json = false;
 };
 
@@ -81,17 +87,19 @@ void run_eval(const EvalOptions& o) {
   // Data problems are cheaper to find than checkpoint ones: config first, then
   // tokens, then the weights.
   const ModelConfig config = load_model_config(o.model);
-  const TokenWindows windows = TokenWindows::from_file(o.data);
-  validate_tokens(windows.tokens(), config.vocab_size, o.data);
-  const TokenBatch batch = windows.eval_batch(o.batch, o.seq_len);
+  const std::unique_ptr<RowSource> rows =
+      open_data_file(o.data, config, o.seq_len, /*pack=*/!o.no_packing);
+  const TokenBatch batch = rows->eval_batch(o.batch, o.seq_len);
 
   CausalLM model = CausalLM::from_checkpoint(o.model, dtype);
+  model.set_lm_head_chunk(o.lm_head_chunk);
   std::cerr << "eval: " << o.model << " (" << config.model_type << ", " << config.num_hidden_layers
             << " layers) in " << dtype_name(dtype) << " on " << o.batch << " x " << o.seq_len
-            << " tokens of " << o.data << "\n";
+            << " tokens of " << o.data
+            << (rows->summary().empty() ? "" : " (" + rows->summary() + ")") << "\n";
 
   const bool grad = !o.save_grads.empty();
-  model.forward(batch.inputs_BL, batch.targets_BL, o.batch, o.seq_len, grad);
+  model.forward(batch.inputs_BL, batch.targets_BL, o.batch, o.seq_len, grad, batch.layout);
   if (grad) {
     model.backward();
     NamedTensors grads = gradients(model, dtype);
@@ -128,12 +136,18 @@ void add_eval_command(CLI::App& app) {
   auto o = std::make_shared<EvalOptions>();
   CLI::App* cmd = app.add_subcommand(
       "eval",
-      "Loss (and optionally every gradient) of a checkpoint on the first B windows of a "
-      "token file");
+      "Loss (and optionally every gradient) of a checkpoint on the first B windows of a token "
+      "file or rows of SFT data");
   cmd->add_option("--model", o->model, "Checkpoint directory (Hugging Face layout)")->required();
-  cmd->add_option("--data", o->data, "Token file (.npy or llm.c .bin)")->required();
-  cmd->add_option("--seq-len", o->seq_len, "Window length L")->required();
-  cmd->add_option("--batch", o->batch, "Number of windows B (the first B)")->required();
+  cmd->add_option("--data", o->data,
+                  "Token file (.npy or llm.c .bin), or SFT JSON Lines (input_ids + labels)")
+      ->required();
+  cmd->add_option("--seq-len", o->seq_len, "Window / row length L")->required();
+  cmd->add_option("--batch", o->batch, "Number of windows or rows B (the first B)")->required();
+  cmd->add_flag("--no-packing", o->no_packing, "SFT data: one example per row, padded");
+  cmd->add_option("--lm-head-chunk", o->lm_head_chunk,
+                  "Token rows per LM head chunk (0: all at once)")
+      ->capture_default_str();
   cmd->add_option("--dtype", o->dtype, "Compute dtype, and the gradient file's: f64|f32|bf16")
       ->capture_default_str();
   cmd->add_option("--save-grads", o->save_grads,

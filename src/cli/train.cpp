@@ -42,6 +42,7 @@ struct TrainFlags {
   std::string lr_schedule = "cosine";
   double weight_decay = 0.0;  // HF TrainingArguments' default
   bool no_shuffle = false;
+  bool no_packing = false;
   int64_t layers = 0;
 
   bool full = false;
@@ -69,6 +70,8 @@ const std::vector<std::pair<std::string, std::string>> kRunFlags = {
     {"--dtype", "dtype"},
     {"--seed", "seed"},
     {"--data", "data"},
+    {"--no-packing", "pack"},
+    {"--lm-head-chunk", "lm_head_chunk"},
     {"--corpus-tokens", "corpus_tokens"},
     {"--remat", "remat"},
     {"--absorb-scores", "absorb_scores"},
@@ -113,6 +116,7 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
   t.adamw.weight_decay = t.sgd.weight_decay = f.weight_decay;
   t.shuffle = !f.no_shuffle;
   t.data_seed = c.seed;
+  c.pack = !f.no_packing;
 
   const bool lora = given(cmd, "--lora-rank") || given(cmd, "--lora-alpha") ||
                     given(cmd, "--lora-targets") || given(cmd, "--rslora") ||
@@ -201,7 +205,13 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--layers", f->layers, "Decoder layers of the preset (default: the preset's)");
   cmd->add_option("--data", c.data_file,
-                  "Token file (.npy or llm.c .bin); default: the built-in Markov corpus");
+                  "Token file (.npy or llm.c .bin), or SFT JSON Lines (input_ids + labels or "
+                  "assistant_mask); default: the built-in Markov corpus");
+  cmd->add_flag("--no-packing", f->no_packing,
+                "SFT data: one example per row, padded (default: examples packed into rows)");
+  cmd->add_option("--lm-head-chunk", c.lm_head_chunk,
+                  "Token rows per LM head chunk: the logits are never whole (0: all at once)")
+      ->capture_default_str();
   cmd->add_option("--corpus-tokens", c.corpus_tokens, "Tokens sampled from the built-in corpus")
       ->capture_default_str();
   cmd->add_option("--steps", t.steps, "Optimizer steps")->capture_default_str();

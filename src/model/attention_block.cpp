@@ -6,13 +6,22 @@
 
 namespace tiermoe {
 
-RopeTables RopeTables::make(int64_t B, int64_t T, int64_t P, double theta, DType dtype) {
+RopeTables RopeTables::make(int64_t B, int64_t T, int64_t P, double theta, DType dtype,
+                            std::span<const int32_t> positions_BT,
+                            std::span<const int32_t> doc_start_BT) {
   RopeTables r;
   r.B = B;
   r.T = T;
+  r.doc_start_BT.assign(doc_start_BT.begin(), doc_start_BT.end());
   std::vector<int32_t> pos(size_t(B * T));
   for (int64_t b = 0; b < B; ++b) {
     for (int64_t t = 0; t < T; ++t) pos[size_t(b * T + t)] = int32_t(t);
+  }
+  if (!positions_BT.empty()) {
+    TIERMOE_CHECK(int64_t(positions_BT.size()) == B * T,
+                  detail::str_of(positions_BT.size(), " positions for B ", B, " x T ", T),
+                  "RopeTables", "pass one position per token, or none");
+    pos.assign(positions_BT.begin(), positions_BT.end());
   }
   r.cos_RP = Tensor::empty({B * T, P}, dtype);
   r.sin_RP = Tensor::empty({B * T, P}, dtype);
@@ -140,7 +149,7 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
 
   Tensor o = Tensor::empty({B, T, H_, P_}, dt);
   saved.lse_BTH = Tensor::empty({B, T, H_}, acc_dtype_for(dt));
-  cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v);
+  cpu::attention_forward_docs(o, saved.lse_BTH, saved.q, saved.k, saved.v, rope.doc_start_BT);
   saved.o_TX = o.view({N, H_ * P_});
   o_proj_.forward(y_TD, saved.o_TX);
   lora_forward(3, y_TD, saved.o_TX, saved);
@@ -157,8 +166,8 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
 
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
-  cpu::attention_backward(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
-                          saved.lse_BTH);
+  cpu::attention_backward_docs(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
+                               saved.lse_BTH, rope.doc_start_BT);
   cpu::rope_backward(dq, dq, rope.cos_RP, rope.sin_RP);
   cpu::rope_backward(dk, dk, rope.cos_RP, rope.sin_RP);
   Tensor dq_TX = dq.view({N, H_ * P_}), dk_TX = dk.view({N, Hkv_ * P_});

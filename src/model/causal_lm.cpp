@@ -171,7 +171,7 @@ std::vector<const Routing*> CausalLM::routings() const {
 }
 
 double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_t> targets_BT,
-                         int64_t B, int64_t T, bool grad) {
+                         int64_t B, int64_t T, bool grad, const TokenLayout& layout) {
   const int64_t N = B * T, D = config_.hidden_size;
   TIERMOE_CHECK(B >= 1 && T >= 1, detail::str_of("batch ", B, " x ", T, " tokens"),
                 "CausalLM::forward", "B and T must be positive");
@@ -183,9 +183,16 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   B_ = B;
   T_ = T;
   ids_.assign(ids_BT.begin(), ids_BT.end());
-  if (rope_.B != B || rope_.T != T || rope_.cos_RP.dtype() != dtype_) {
+  TIERMOE_CHECK(layout.counted_BT.empty() || int64_t(layout.counted_BT.size()) == N,
+                detail::str_of(layout.counted_BT.size(), " padding flags for ", N, " tokens"),
+                "CausalLM::forward", "pass one flag per token, or none");
+  if (!layout.empty()) {
+    rope_ = RopeTables::make(B, T, config_.head_dim, config_.rope_theta, dtype_,
+                             layout.positions_BT, layout.doc_start_BT);
+  } else if (rope_.B != B || rope_.T != T || rope_.cos_RP.dtype() != dtype_ || rope_custom_) {
     rope_ = RopeTables::make(B, T, config_.head_dim, config_.rope_theta, dtype_);
   }
+  rope_custom_ = !layout.empty();
   saved_.clear();
   saved_.resize(layers_.size());
 
@@ -208,7 +215,7 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   loss_.ce = lm_head_loss(dn_TD_, dw_head, nf_TD_, head.value, targets_BT, head_chunk_);
   std::vector<const Routing*> rs = routings();
   if (!rs.empty()) {
-    aux_ = aux_loss_forward(rs);
+    aux_ = aux_loss_forward(rs, layout.counted_BT);
     loss_.aux = aux_.value;
   }
   loss_.aux_in_total = config_.output_router_logits && !rs.empty();

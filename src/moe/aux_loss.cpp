@@ -1,5 +1,6 @@
 #include "tiermoe/moe/aux_loss.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "router_scores.h"
@@ -25,7 +26,8 @@ void check_layers(std::span<const Routing* const> layers, int64_t E, int64_t K, 
 
 }  // namespace
 
-AuxLoss aux_loss_forward(std::span<const Routing* const> layers) {
+AuxLoss aux_loss_forward(std::span<const Routing* const> layers,
+                         std::span<const uint8_t> counted_T) {
   TIERMOE_CHECK(!layers.empty() && layers[0], "no MoE layers given", "aux loss",
                 "pass the Routing of every MoE layer of the forward");
   AuxLoss aux;
@@ -33,6 +35,13 @@ AuxLoss aux_loss_forward(std::span<const Routing* const> layers) {
   aux.K = layers[0]->K;
   const DType sd = layers[0]->logits_TE.dtype();
   check_layers(layers, aux.E, aux.K, sd);
+  aux.counted_T.assign(counted_T.begin(), counted_T.end());
+  for (const Routing* r : layers) {
+    TIERMOE_CHECK(counted_T.empty() || int64_t(counted_T.size()) == r->logits_TE.size(0),
+                  detail::str_of(counted_T.size(), " token flags for ", r->logits_TE.size(0),
+                                 " tokens"),
+                  "aux loss", "pass one flag per token, or none");
+  }
   const int64_t E = aux.E, K = aux.K;
   aux.count_E.assign(size_t(E), 0);
   aux.mean_prob_E.assign(size_t(E), 0.0);
@@ -44,12 +53,13 @@ AuxLoss aux_loss_forward(std::span<const Routing* const> layers) {
       for (const Routing* r : layers) {
         const S* logits = r->logits_TE.data<S>();
         for (int64_t t = 0; t < r->logits_TE.size(0); ++t) {
+          if (!counted_T.empty() && !counted_T[size_t(t)]) continue;
           router_detail::softmax_row(p_E.data(), logits + t * E, E);
           router_detail::top_k(ids_K.data(), p_E.data(), E, K);
           for (int32_t id : ids_K) ++aux.count_E[size_t(id)];
           for (int64_t e = 0; e < E; ++e) prob_sum_E[e] += p_E[e];
+          ++aux.rows;
         }
-        aux.rows += r->logits_TE.size(0);
       }
       TIERMOE_CHECK(aux.rows > 0, "no tokens", "aux loss", "the MoE layers routed no tokens");
       const double n = double(aux.rows);
@@ -93,6 +103,10 @@ void aux_loss_backward(std::span<Tensor> dlogits_TE, double daux, const AuxLoss&
         const S* logits = r->logits_TE.data<S>();
         S* dl = out.data<S>();
         for (int64_t t = 0; t < T; ++t) {
+          if (!aux.counted_T.empty() && !aux.counted_T[size_t(t)]) {
+            if (!accumulate) std::fill_n(dl + t * E, E, S(0));
+            continue;
+          }
           router_detail::softmax_row(p_E.data(), logits + t * E, E);
           S g_dot_p = 0;
           for (int64_t e = 0; e < E; ++e) g_dot_p += g_E[e] * p_E[e];

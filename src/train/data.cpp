@@ -18,16 +18,34 @@ void check_shape(int64_t batch, int64_t seq_len, const std::string& where) {
                 where, "pass --batch and --seq-len of at least 1");
 }
 
-TokenBatch empty_batch(int64_t batch, int64_t seq_len) {
+}  // namespace
+
+TokenBatch RowSource::make_batch(int64_t batch, int64_t seq_len) const {
   TokenBatch b;
   b.batch = batch;
   b.seq_len = seq_len;
-  b.inputs_BL.resize(batch * seq_len);
-  b.targets_BL.resize(batch * seq_len);
+  const size_t n = size_t(batch * seq_len);
+  b.inputs_BL.resize(n);
+  b.targets_BL.resize(n);
+  if (has_layout()) {
+    b.layout.positions_BT.resize(n);
+    b.layout.doc_start_BT.resize(n);
+    b.layout.counted_BT.resize(n);
+  }
   return b;
 }
 
-}  // namespace
+TokenBatch RowSource::eval_batch(int64_t batch, int64_t seq_len) const {
+  check_shape(batch, seq_len, source());
+  const int64_t rows = num_rows(seq_len);
+  TIERMOE_CHECK(rows >= batch,
+                str_of("evaluating ", batch, " rows of ", seq_len, " tokens, but the data holds ",
+                       rows),
+                source(), str_of("use --batch ", rows, " or less"));
+  TokenBatch out = make_batch(batch, seq_len);
+  for (int64_t b = 0; b < batch; ++b) copy_row(out, b, b);
+  return out;
+}
 
 TokenWindows::TokenWindows(std::vector<int32_t> tokens, std::string source)
     : tokens_(std::move(tokens)), source_(std::move(source)) {}
@@ -55,16 +73,16 @@ TokenBatch TokenWindows::eval_batch(int64_t batch, int64_t seq_len) const {
                        " tokens (batch * seq_len + 1), but the data holds ", size()),
                 source_, str_of("use a smaller --batch or --seq-len (this data fits ", num_windows(seq_len),
                                 " windows of ", seq_len, "), or more data"));
-  TokenBatch out = empty_batch(batch, seq_len);
+  TokenBatch out = make_batch(batch, seq_len);
   for (int64_t b = 0; b < batch; ++b) copy_window(out, b, b);
   return out;
 }
 
-WindowSampler::WindowSampler(const TokenWindows& data, SamplerOptions options)
+WindowSampler::WindowSampler(const RowSource& data, SamplerOptions options)
     : data_(data), options_(options) {
   const int64_t L = options_.seq_len;
   TIERMOE_CHECK(L >= 1, str_of("seq_len ", L, " must be >= 1"), data_.source(), "pass --seq-len of at least 1");
-  num_windows_ = data_.num_windows(L);
+  num_windows_ = data_.num_rows(L);
   TIERMOE_CHECK(num_windows_ >= 1,
                 str_of("the data holds ", data_.size(), " tokens, fewer than one training window of seq_len ", L,
                        " needs (", L + 1, ": inputs plus the shifted target)"),
@@ -88,9 +106,9 @@ void WindowSampler::start_epoch(int64_t epoch) {
 
 TokenBatch WindowSampler::next_batch(int64_t batch) {
   check_shape(batch, options_.seq_len, data_.source());
-  TokenBatch out = empty_batch(batch, options_.seq_len);
+  TokenBatch out = data_.make_batch(batch, options_.seq_len);
   for (int64_t b = 0; b < batch; ++b) {
-    data_.copy_window(out, b, order_[index_]);
+    data_.copy_row(out, b, order_[index_]);
     if (++index_ == num_windows_) start_epoch(epoch_ + 1);
   }
   return out;

@@ -67,7 +67,7 @@ SamplerOptions sampler_for(const TrainerOptions& o) {
 
 }  // namespace
 
-Trainer::Trainer(CausalLM& model, const TokenWindows& data, TrainerOptions options)
+Trainer::Trainer(CausalLM& model, const RowSource& data, TrainerOptions options)
     : model_(model),
       options_((options.validate(), options)),
       sampler_(data, sampler_for(options_)),
@@ -89,7 +89,8 @@ StepStats Trainer::accumulate_gradients() {
   const int64_t B = options_.batch, L = options_.seq_len;
   for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
     TokenBatch batch = sampler_.next_batch(B);
-    const double loss = model_.forward(batch.inputs_BL, batch.targets_BL, B, L);
+    const double loss =
+        model_.forward(batch.inputs_BL, batch.targets_BL, B, L, /*grad=*/true, batch.layout);
     // The model names the first non-finite layer output; this catches what
     // slips past it (e.g. an infinite logit cancelling in the loss).
     TIERMOE_CHECK(std::isfinite(loss), str_of("the loss is ", loss, " at step ", step_ + 1),

@@ -7,6 +7,7 @@
 #include "tiermoe/io/tokens.h"
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/remat/policy.h"
+#include "tiermoe/train/sft_data.h"
 
 namespace tiermoe {
 
@@ -36,6 +37,8 @@ json TrainConfig::to_json() const {
       {"dtype", dtype_name(dtype)},
       {"seed", seed},
       {"data", data_file},
+      {"pack", pack},
+      {"lm_head_chunk", lm_head_chunk},
       {"corpus_tokens", corpus_tokens},
       {"remat", remat},
       {"absorb_scores", absorb},
@@ -78,6 +81,8 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     c.dtype = parse_dtype(j.at("dtype").get<std::string>(), where);
     c.seed = j.at("seed").get<uint64_t>();
     c.data_file = j.at("data").get<std::string>();
+    c.pack = j.value("pack", true);  // runs saved before SFT data existed packed nothing
+    c.lm_head_chunk = j.value("lm_head_chunk", kDefaultLmHeadChunk);
     c.corpus_tokens = j.at("corpus_tokens").get<int64_t>();
     c.remat = j.at("remat").get<std::string>();
     c.absorb = j.at("absorb_scores").get<std::string>();
@@ -119,6 +124,15 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
 
 namespace {
 
+// The token SFT rows are padded with: the config's pad token, else its first
+// eos token, else 0. Padding is inert (no loss, attended by nothing real, left
+// out of the aux loss), so only its embedding row is read.
+int32_t pad_token_for(const ModelConfig& m) {
+  if (m.pad_token_id) return int32_t(*m.pad_token_id);
+  if (!m.eos_token_id.empty()) return int32_t(m.eos_token_id.front());
+  return 0;
+}
+
 CausalLM random_model(const TrainConfig& c) {
   const ModelConfig config = preset(c.preset, c.layers);
   CausalLM model(config, c.dtype);
@@ -138,6 +152,7 @@ CausalLM build_model(const TrainConfig& c) {
   c.validate();
   CausalLM model =
       c.model_dir.empty() ? random_model(c) : CausalLM::from_checkpoint(c.model_dir, c.dtype);
+  model.set_lm_head_chunk(c.lm_head_chunk);
   model.set_moe_options(RematPolicy::parse(c.remat, "--remat"),
                         parse_absorb_scores(c.absorb, "--absorb-scores"));
   if (c.lora) {
@@ -148,26 +163,41 @@ CausalLM build_model(const TrainConfig& c) {
   return model;
 }
 
-TokenWindows build_data(const TrainConfig& c, int64_t vocab,
-                        std::unique_ptr<MarkovCorpus>* corpus) {
-  if (!c.data_file.empty()) {
-    TokenWindows data = TokenWindows::from_file(c.data_file);
-    validate_tokens(data.tokens(), vocab, c.data_file);
-    TIERMOE_CHECK(
-        data.num_windows(c.trainer.seq_len) >= 1,
-        str_of("the data holds ", data.size(), " tokens, fewer than one window of --seq-len ",
-               c.trainer.seq_len, " needs (", c.trainer.seq_len + 1, ")"),
-        c.data_file, "use a smaller --seq-len or a longer data file");
+std::unique_ptr<RowSource> open_data_file(const std::string& path, const ModelConfig& model,
+                                          int64_t seq_len, bool pack) {
+  if (is_sft_jsonl(path)) {
+    SftOptions o{.seq_len = seq_len, .pack = pack, .pad_id = pad_token_for(model)};
+    auto data = std::make_unique<SftData>(SftData::from_file(path, o));
+    validate_tokens(data->ids(), model.vocab_size, path);
+    for (int32_t t : data->targets()) {
+      TIERMOE_CHECK(t == -100 || (t >= 0 && t < model.vocab_size),
+                    str_of("a label ", t, " is outside the vocabulary [0, ", model.vocab_size, ")"),
+                    path, "labels are token ids of this model's tokenizer, or -100");
+    }
     return data;
   }
+  auto data = std::make_unique<TokenWindows>(TokenWindows::from_file(path));
+  validate_tokens(data->tokens(), model.vocab_size, path);
+  TIERMOE_CHECK(data->num_windows(seq_len) >= 1,
+                str_of("the data holds ", data->size(), " tokens, fewer than one window of --seq-len ",
+                       seq_len, " needs (", seq_len + 1, ")"),
+                path, "use a smaller --seq-len or a longer data file");
+  return data;
+}
+
+std::unique_ptr<RowSource> build_data(const TrainConfig& c, const ModelConfig& model,
+                                      std::unique_ptr<MarkovCorpus>* corpus) {
+  if (!c.data_file.empty()) return open_data_file(c.data_file, model, c.trainer.seq_len, c.pack);
   auto chain = std::make_unique<MarkovCorpus>(MarkovCorpusOptions{});
   // Its ids are valid tokens of any vocabulary at least as large (a real
   // model's ids 0..255 are just 256 of its tokens): the floor still holds.
-  TIERMOE_CHECK(chain->vocab() <= vocab,
-                str_of("the built-in corpus has vocab ", chain->vocab(), ", the model only ", vocab),
+  TIERMOE_CHECK(chain->vocab() <= model.vocab_size,
+                str_of("the built-in corpus has vocab ", chain->vocab(), ", the model only ",
+                       model.vocab_size),
                 "built-in Markov corpus",
                 "pass --data with tokens for this model, or use --preset tiny");
-  TokenWindows data(chain->generate(c.corpus_tokens, c.seed), "built-in Markov corpus");
+  auto data = std::make_unique<TokenWindows>(chain->generate(c.corpus_tokens, c.seed),
+                                             "built-in Markov corpus");
   if (corpus) *corpus = std::move(chain);
   return data;
 }

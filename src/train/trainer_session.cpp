@@ -84,7 +84,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
 
   CausalLM model = ck ? resume_model(*ck) : build_model(config);
   std::unique_ptr<MarkovCorpus> corpus;
-  const TokenWindows data = build_data(config, model.config().vocab_size, &corpus);
+  const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
+  const RowSource& data = *rows;
   std::unique_ptr<TierSession> tier;
   if (config.tier.enabled()) {
     tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log,
@@ -106,7 +107,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                                       : config.model_dir)
          << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning")
          << ", " << count_trainable(trainer.parameters()) << " trainable parameters\n"
-         << "train: data " << data.source() << " (" << data.size() << " tokens)";
+         << "train: data " << data.source() << " ("
+         << (data.summary().empty() ? str_of(data.size(), " tokens") : data.summary()) << ")";
     if (corpus) {
       *log << str_of(", loss floor ", corpus->loss_floor(), " nats (entropy rate), unigram ",
                      corpus->unigram_entropy());

@@ -91,7 +91,8 @@ TEST_F(TrainerTest, AccumulatingTwoMicroBatchesEqualsOneBatchOfTwiceTheSize) {
   big.trainer.batch = 4;
 
   CausalLM m_acc = build_model(c), m_big = build_model(big);
-  const TokenWindows data = build_data(c, m_acc.config().vocab_size);
+  const auto rows = build_data(c, m_acc.config());
+  const RowSource& data = *rows;
   Trainer acc(m_acc, data, c.trainer), one(m_big, data, big.trainer);
   const StepStats s_acc = acc.accumulate_gradients();
   const StepStats s_big = one.accumulate_gradients();
@@ -174,7 +175,8 @@ TEST_F(TrainerTest, LoraTrainsOnlyTheAdaptersWithDecayOnEvery) {
   TrainConfig c = small_run(DType::bf16, 1);
   c.lora = LoraConfig{};
   CausalLM model = build_model(c);
-  const TokenWindows data = build_data(c, model.config().vocab_size);
+  const auto rows = build_data(c, model.config());
+  const RowSource& data = *rows;
   Trainer trainer(model, data, c.trainer);
   ASSERT_FALSE(trainer.parameters().empty());
   for (const Parameter& p : trainer.parameters()) {
@@ -239,7 +241,8 @@ TEST_F(TrainerTest, WriteDirAtomicallyLeavesTheOldDirectoryOnFailure) {
 TEST_F(TrainerTest, NanWeightStopsTrainingNamingTheLayerAndKeepsTheLastCheckpoint) {
   const TrainConfig c = small_run(DType::f32, 4);
   CausalLM model = build_model(c);
-  const TokenWindows data = build_data(c, model.config().vocab_size);
+  const auto rows = build_data(c, model.config());
+  const RowSource& data = *rows;
   Trainer trainer(model, data, c.trainer);
   trainer.step();
   const std::string ck = save_train_checkpoint(dir_.string(), model, trainer, c);

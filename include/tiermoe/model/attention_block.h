@@ -7,7 +7,7 @@
 //   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3), over the whole
 //                                      projection (OLMoE), or none (Mixtral)
 //   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta
-//   o    = causal GQA SDPA(q, k, v)    [B, T, H, P]
+//   o    = causal GQA SDPA(q, k, v)    [B, T, H, P], within each packed document
 //   y    = o Wo^T (+bo)
 //
 // Forward keeps what backward reads in an AttentionSaved; backward reads it
@@ -17,6 +17,7 @@
 // (bias included), before the q/k norm, as PEFT wraps each nn.Linear.
 #include <array>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -27,11 +28,18 @@
 
 namespace tiermoe {
 
-// RoPE cos/sin for B sequences at positions 0..T-1: [B*T, P], activation dtype.
+// The batch's token layout as attention reads it: RoPE cos/sin [B*T, P]
+// (activation dtype) at each token's position, and, for packed documents,
+// each token's document start (kernels/attention.h; empty: one document per
+// row, positions 0..T-1).
 struct RopeTables {
   int64_t B = 0, T = 0;
   Tensor cos_RP, sin_RP;
-  static RopeTables make(int64_t B, int64_t T, int64_t P, double theta, DType dtype);
+  std::vector<int32_t> doc_start_BT;
+  // positions_BT empty: 0..T-1 in every row.
+  static RopeTables make(int64_t B, int64_t T, int64_t P, double theta, DType dtype,
+                         std::span<const int32_t> positions_BT = {},
+                         std::span<const int32_t> doc_start_BT = {});
 };
 
 struct AttentionSaved {

@@ -39,6 +39,7 @@
 #include "tiermoe/moe/aux_loss.h"
 #include "tiermoe/model/decoder_layer.h"
 #include "tiermoe/model/lm_head.h"
+#include "tiermoe/model/token_layout.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/weight.h"
 #include "tiermoe/remat/policy.h"
@@ -82,7 +83,7 @@ class CausalLM {
   // accumulates the head's weight gradient (lm_head.weight, or the tied
   // embedding), since no chunk's logits outlive it.
   double forward(std::span<const int32_t> ids_BT, std::span<const int32_t> targets_BT, int64_t B,
-                 int64_t T, bool grad = true);
+                 int64_t T, bool grad = true, const TokenLayout& layout = {});
   // d loss / d every parameter that requires grad, accumulated (+=).
   void backward();
   const LossParts& last_loss() const { return loss_; }
@@ -176,6 +177,7 @@ class CausalLM {
   bool has_grad_state_ = false;
   std::vector<int32_t> ids_;
   RopeTables rope_;
+  bool rope_custom_ = false;  // rope_ holds a TokenLayout's positions
   std::vector<DecoderLayerSaved> saved_;
   Tensor xf_TD_, rstd_f_T_, nf_TD_;  // final norm's input, statistics, output
   Tensor dn_TD_;                     // d loss / d nf_TD_, from the chunked head

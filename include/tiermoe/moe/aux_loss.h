@@ -9,7 +9,9 @@
 // The counts are piecewise constant, so the gradient flows through P only.
 // The loss is always this softmax top-k form, whatever router produced the
 // logits (HF's other families ship their own variants; not implemented here).
-// No attention mask: every row counts (HF's masked means are not supported).
+// With a token mask (counted_T, one flag per token, the same for every layer)
+// only counted tokens enter the means, as HF's load_balancing_loss_func does
+// with an attention_mask (padding excluded); uncounted rows get no gradient.
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -25,10 +27,13 @@ struct AuxLoss {
   int64_t rows = 0;                 // L*T
   std::vector<int64_t> count_E;     // c_e: top-k slots per expert over all layers
   std::vector<double> mean_prob_E;  // P_e
+  std::vector<uint8_t> counted_T;   // the token mask; empty: every token counts
 };
 
 // All layers must share E and K; logits_TE are read from each Routing.
-AuxLoss aux_loss_forward(std::span<const Routing* const> layers);
+// counted_T: empty, or one flag per token of each layer.
+AuxLoss aux_loss_forward(std::span<const Routing* const> layers,
+                         std::span<const uint8_t> counted_T = {});
 
 // dlogits_TE[l] (=, or += if accumulate) daux * d aux / d layers[l]->logits_TE,
 // in the logits' dtype. dlogits_TE[l] is allocated when undefined.

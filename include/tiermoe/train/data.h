@@ -1,5 +1,6 @@
 #pragma once
-// Token windows for evaluation and training.
+// The rows batches are drawn from (RowSource): token windows of a flat
+// stream (here), or packed / padded SFT examples (sft_data.h).
 //
 // Window w of length L takes tokens [w*L, w*L+L) as inputs and
 // [w*L+1, w*L+L+1) as targets (the `eval` contract, docs/architecture.md): windows are laid end to
@@ -16,32 +17,60 @@
 #include <string>
 #include <vector>
 
+#include "tiermoe/model/token_layout.h"
+
 namespace tiermoe {
 
 struct TokenBatch {
   int64_t batch = 0, seq_len = 0;
   std::vector<int32_t> inputs_BL;   // (B, L) row b is window b's inputs
-  std::vector<int32_t> targets_BL;  // (B, L) the same tokens shifted by one
+  std::vector<int32_t> targets_BL;  // (B, L) the next tokens; -100 where there is no loss
+  TokenLayout layout;               // packed documents (SFT); empty for token windows
 };
 
-class TokenWindows {
+// Rows of seq_len tokens a batch is made of, numbered 0 .. num_rows - 1.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  // Names the data in errors: a file path, or "built-in Markov corpus".
+  virtual const std::string& source() const = 0;
+  virtual int64_t size() const = 0;  // tokens held
+  virtual int64_t num_rows(int64_t seq_len) const = 0;
+  // Whether batches carry a TokenLayout (a copy_row fills batch.layout).
+  virtual bool has_layout() const { return false; }
+  // What the rows hold, for logs ("120 examples packed into 14 rows ..."); may be empty.
+  virtual std::string summary() const { return ""; }
+  // Copies row `index` into row `row` of `out` (allocated by make_batch).
+  virtual void copy_row(TokenBatch& out, int64_t row, int64_t index) const = 0;
+  // An empty batch of B rows of L tokens (with a layout when has_layout()).
+  TokenBatch make_batch(int64_t batch, int64_t seq_len) const;
+  // The first `batch` rows; an Error naming the source and the counts when
+  // it holds fewer.
+  virtual TokenBatch eval_batch(int64_t batch, int64_t seq_len) const;
+};
+
+class TokenWindows final : public RowSource {
  public:
   // `source` names the data in errors: a file path, or "built-in Markov corpus".
   TokenWindows(std::vector<int32_t> tokens, std::string source);
   static TokenWindows from_file(const std::string& path);  // io's read_tokens
 
-  int64_t size() const { return static_cast<int64_t>(tokens_.size()); }
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
   std::span<const int32_t> tokens() const { return tokens_; }
-  const std::string& source() const { return source_; }
+  const std::string& source() const override { return source_; }
 
   int64_t num_windows(int64_t seq_len) const;  // (size - 1) / seq_len; 0 for an empty stream
+  int64_t num_rows(int64_t seq_len) const override { return num_windows(seq_len); }
 
   // The first `batch` windows; an Error naming the source and the counts
   // when it holds fewer than batch * seq_len + 1 tokens.
-  TokenBatch eval_batch(int64_t batch, int64_t seq_len) const;
+  TokenBatch eval_batch(int64_t batch, int64_t seq_len) const override;
 
   // Copies window `w` into row `row` of `out`.
   void copy_window(TokenBatch& out, int64_t row, int64_t w) const;
+  void copy_row(TokenBatch& out, int64_t row, int64_t w) const override {
+    copy_window(out, row, w);
+  }
 
  private:
   std::vector<int32_t> tokens_;
@@ -55,7 +84,7 @@ struct SamplerOptions {
 };
 
 // Everything a checkpoint needs to resume the sampler. seq_len and
-// num_windows are checked on restore, so resuming with another --seq-len or
+// num_windows (the source's rows) are checked on restore, so resuming with another --seq-len or
 // another data file is an Error instead of a silently different run.
 struct SamplerPosition {
   uint64_t seed = 0;
@@ -72,7 +101,7 @@ class WindowSampler {
  public:
   // Keeps a reference: `data` must outlive the sampler. Throws when the data
   // holds less than one window (seq_len + 1 tokens).
-  WindowSampler(const TokenWindows& data, SamplerOptions options);
+  WindowSampler(const RowSource& data, SamplerOptions options);
 
   // The next `batch` windows of the walk; a batch may span an epoch boundary.
   TokenBatch next_batch(int64_t batch);
@@ -85,7 +114,7 @@ class WindowSampler {
  private:
   void start_epoch(int64_t epoch);
 
-  const TokenWindows& data_;
+  const RowSource& data_;
   SamplerOptions options_;
   int64_t num_windows_ = 0;
   int64_t epoch_ = 0;

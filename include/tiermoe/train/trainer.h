@@ -79,7 +79,7 @@ class Trainer {
  public:
   // `model` and `data` must outlive the trainer. Builds the optimizer over
   // the trainable parameters; throws when there are none.
-  Trainer(CausalLM& model, const TokenWindows& data, TrainerOptions options);
+  Trainer(CausalLM& model, const RowSource& data, TrainerOptions options);
 
   // Runs grad_accum micro-batches (forward + backward) from zeroed grads and
   // leaves the averaged gradient in the parameters; returns the mean loss

@@ -30,14 +30,17 @@ struct TrainConfig {
   DType dtype = DType::f32;       // compute dtype
   uint64_t seed = 0;              // random init, LoRA's A, the data's shuffle and corpus sample
 
-  // The data: a token file (.npy / llm.c .bin), or (when empty) the built-in corpus.
+  // The data: a token file (.npy / llm.c .bin), SFT JSON Lines (sft_data.h),
+  // or (when empty) the built-in corpus.
   std::string data_file;
+  bool pack = true;  // SFT data: pack examples into rows (false: one per row, padded)
   int64_t corpus_tokens = int64_t(1) << 20;  // tokens sampled from the Markov chain
 
   // Fine-tuning: LoRA when set, full fine-tuning otherwise.
   std::optional<LoraConfig> lora;
   std::string lora_init;  // a PEFT adapter directory to start from
 
+  int64_t lm_head_chunk = kDefaultLmHeadChunk;  // token rows per LM head chunk (0: all)
   std::string remat = "none";   // RematPolicy text
   std::string absorb = "auto";  // AbsorbScores text
 
@@ -60,9 +63,14 @@ struct TrainConfig {
 // parameter trainable.
 CausalLM build_model(const TrainConfig& config);
 
-// The training tokens, validated against the model's vocabulary. With the
-// built-in corpus, `corpus` is set to the chain (for its loss floor).
-TokenWindows build_data(const TrainConfig& config, int64_t vocab,
-                        std::unique_ptr<MarkovCorpus>* corpus = nullptr);
+// The training rows, validated against the model's vocabulary: token
+// windows, or SFT rows (packed or padded with the config's pad token). With
+// the built-in corpus, `corpus` is set to the chain (for its loss floor).
+std::unique_ptr<RowSource> build_data(const TrainConfig& config, const ModelConfig& model,
+                                      std::unique_ptr<MarkovCorpus>* corpus = nullptr);
+// Data from a file: SFT JSON Lines (io/sft_jsonl.h) as SftData, anything else
+// as token windows; ids and labels checked against the vocabulary.
+std::unique_ptr<RowSource> open_data_file(const std::string& path, const ModelConfig& model,
+                                          int64_t seq_len, bool pack);
 
 }  // namespace tiermoe

@@ -84,15 +84,62 @@ def make_dense_tied_aux(tiermoe):
     return d
 
 
+# SFT examples (vocab 256) whose rows differ in packing, masks and position restarts: with
+# seq_len 16, packing fills row 0 with examples 0-2 (5 + 7 + 4 tokens) and row 1 with 3-4
+# (9 + 3, then 4 pad tokens); example 5 (20 tokens) is truncated into row 2. Each example
+# marks its loss another way: labels equal to the ids, labels with a masked prompt, an
+# assistant_mask, labels masked in the middle (a second user turn), no labels at all.
+SFT_EXAMPLES = [
+    {"input_ids": [12, 200, 31, 7, 99], "labels": [12, 200, 31, 7, 99]},
+    {"input_ids": [5, 17, 250, 64, 3, 128, 77], "labels": [-100, -100, -100, 64, 3, 128, 77]},
+    {"input_ids": [40, 41, 42, 43], "assistant_mask": [0, 0, 1, 1]},
+    {"input_ids": [9, 8, 7, 6, 5, 4, 3, 2, 1],
+     "labels": [-100, -100, -100, -100, 5, 4, -100, 2, 1]},
+    {"input_ids": [100, 150, 200]},
+    {"input_ids": list(range(60, 80))},
+]
+SFT_CASES = [  # (case dir, checkpoint dir, packing)
+    ("sft_moe_packed", "moe", True),
+    ("sft_dense_tied_aux_packed", "dense_tied_aux", True),
+    ("sft_moe_padded", "moe", False),
+]
+
+
+def make_sft():
+    """The SFT cases over the checkpoints above: SFT_EXAMPLES as sft/data.jsonl, then the twin."""
+    os.makedirs(os.path.join(HERE, "sft"), exist_ok=True)
+    data = os.path.join(HERE, "sft", "data.jsonl")
+    with open(data, "w") as f:
+        for ex in SFT_EXAMPLES:
+            f.write(json.dumps(ex) + "\n")
+    for case, model, pack in SFT_CASES:
+        out = os.path.join(HERE, case)
+        e = twin.run_sft(os.path.join(HERE, model), data, SEQ_LEN, BATCH, pack, out)
+        e_model = dict(e, model=model, data="sft/data.jsonl")
+        with open(os.path.join(out, "expected.json"), "w") as f:
+            json.dump(e_model, f, indent=1)
+            f.write("\n")
+        print(case, json.dumps({k: e[k] for k in (
+            "loss", "ce", "aux", "counted_targets", "loss_without_document_mask",
+            "loss_without_position_restarts", "topk_min_boundary_margin",
+            "finite_difference_check")}))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--tiermoe", required=True, help="path to the built tiermoe CLI")
+    ap.add_argument("--tiermoe", help="path to the built tiermoe CLI (not needed with --sft-only)")
+    ap.add_argument("--sft-only", action="store_true",
+                    help="only the SFT cases, over the committed moe and dense_tied_aux checkpoints")
     a = ap.parse_args()
-    for d in (make_moe(a.tiermoe), make_dense_tied_aux(a.tiermoe)):
-        e = twin.run(d, os.path.join(d, "tokens.npy"), SEQ_LEN, BATCH, d)
-        print(os.path.basename(d), json.dumps({k: e[k] for k in (
-            "loss", "ce", "aux", "parameters", "topk_min_boundary_margin", "topk_min_inner_gap",
-            "finite_difference_check")}))
+    if not a.sft_only:
+        if not a.tiermoe:
+            ap.error("--tiermoe is required unless --sft-only")
+        for d in (make_moe(a.tiermoe), make_dense_tied_aux(a.tiermoe)):
+            e = twin.run(d, os.path.join(d, "tokens.npy"), SEQ_LEN, BATCH, d)
+            print(os.path.basename(d), json.dumps({k: e[k] for k in (
+                "loss", "ce", "aux", "parameters", "topk_min_boundary_margin", "topk_min_inner_gap",
+                "finite_difference_check")}))
+    make_sft()
 
 
 if __name__ == "__main__":

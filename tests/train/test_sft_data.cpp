@@ -1,0 +1,103 @@
+// SFT rows (train/sft_data.h) and the JSON Lines reader (io/sft_jsonl.h):
+// targets, packing, padding, truncation, and errors that name the line.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tiermoe/core/error.h"
+#include "tiermoe/io/sft_jsonl.h"
+#include "tiermoe/train/sft_data.h"
+
+namespace tiermoe {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string write_file(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("tiermoe_sft_" + name);
+  std::ofstream(p) << text;
+  return p.string();
+}
+
+TEST(SftJsonl, LabelsMaskOrNeither) {
+  const std::string path = write_file("a.jsonl",
+                                      "{\"input_ids\": [1, 2, 3], \"labels\": [-100, 2, 3]}\n"
+                                      "\n"
+                                      "{\"input_ids\": [4, 5, 6], \"assistant_mask\": [0, true, 1],"
+                                      " \"messages\": []}\n"
+                                      "{\"input_ids\": [7, 8]}\n");
+  const std::vector<SftExample> ex = read_sft_jsonl(path);
+  ASSERT_EQ(ex.size(), 3u);
+  EXPECT_EQ(ex[0].labels, (std::vector<int32_t>{-100, 2, 3}));
+  EXPECT_EQ(ex[1].labels, (std::vector<int32_t>{-100, 5, 6}));
+  EXPECT_EQ(ex[2].labels, (std::vector<int32_t>{7, 8}));
+  EXPECT_EQ(ex[2].line, 4);
+  EXPECT_TRUE(is_sft_jsonl(path));
+}
+
+TEST(SftJsonl, ErrorsNameTheLineAndTheField) {
+  const std::vector<std::pair<std::string, std::string>> bad = {
+      {"[1, 2]", "not a JSON object"},
+      {"{\"labels\": [1]}", "no \"input_ids\""},
+      {"{\"input_ids\": []}", "empty"},
+      {"{\"input_ids\": [1, 2], \"labels\": [1]}", "\"labels\" has 1 entries for 2"},
+      {"{\"input_ids\": [1], \"labels\": [-5]}", "neither a token id nor -100"},
+      {"{\"input_ids\": [1], \"labels\": [1], \"assistant_mask\": [1]}", "both"},
+      {"{\"input_ids\": [1, 2], \"assistant_mask\": [1, 2]}", "is not 0 or 1"},
+      {"{\"input_ids\": [1.5]}", "not a 32-bit integer"},
+      {"{\"input_ids\": [-1]}", "negative"},
+      {"{\"input_ids\": [1]", "not valid JSON"},
+  };
+  for (const auto& [line, words] : bad) {
+    const std::string path = write_file("bad.jsonl", "{\"input_ids\": [3]}\n" + line + "\n");
+    try {
+      read_sft_jsonl(path);
+      ADD_FAILURE() << "accepted: " << line;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find(words), std::string::npos) << what;
+      EXPECT_NE(what.find(":2"), std::string::npos) << "no line number: " << what;
+    }
+  }
+}
+
+SftExample ex(std::vector<int32_t> ids, std::vector<int32_t> labels = {}) {
+  SftExample e{ids, labels.empty() ? ids : labels, 0};
+  return e;
+}
+
+TEST(SftData, PacksInOrderWithRestartsAndPads) {
+  // 3 + 4 fit a row of 8; 5 does not, so it opens row 1 (3 pad tokens).
+  SftData d({ex({1, 2, 3}), ex({4, 5, 6, 7}, {-100, -100, 6, 7}), ex({8, 9, 10, 11, 12})}, "x",
+            {.seq_len = 8, .pack = true, .pad_id = 99});
+  ASSERT_EQ(d.num_rows(8), 2);
+  TokenBatch b = d.eval_batch(2, 8);
+  EXPECT_EQ(b.inputs_BL, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7, 99,  //
+                                               8, 9, 10, 11, 12, 99, 99, 99}));
+  EXPECT_EQ(b.targets_BL, (std::vector<int32_t>{2, 3, -100, -100, 6, 7, -100, -100,  //
+                                                9, 10, 11, 12, -100, -100, -100, -100}));
+  EXPECT_EQ(b.layout.positions_BT, (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 3, 0,  //
+                                                         0, 1, 2, 3, 4, 0, 1, 2}));
+  EXPECT_EQ(b.layout.doc_start_BT, (std::vector<int32_t>{0, 0, 0, 3, 3, 3, 3, 7,  //
+                                                         0, 0, 0, 0, 0, 5, 5, 5}));
+  EXPECT_EQ(b.layout.counted_BT, (std::vector<uint8_t>{1, 1, 1, 1, 1, 1, 1, 0,  //
+                                                       1, 1, 1, 1, 1, 0, 0, 0}));
+  EXPECT_EQ(d.counted_targets(), 8);
+  EXPECT_EQ(d.size(), 12);
+  EXPECT_THROW(d.num_rows(16), Error);
+}
+
+TEST(SftData, PaddingPutsOneExamplePerRowAndTruncates) {
+  SftData d({ex({1, 2, 3}), ex({4, 5, 6, 7, 8, 9, 10})}, "x", {.seq_len = 4, .pack = false});
+  ASSERT_EQ(d.num_rows(4), 2);
+  EXPECT_EQ(d.truncated(), 1);
+  TokenBatch b = d.eval_batch(2, 4);
+  EXPECT_EQ(b.inputs_BL, (std::vector<int32_t>{1, 2, 3, 0, 4, 5, 6, 7}));
+  EXPECT_EQ(b.targets_BL, (std::vector<int32_t>{2, 3, -100, -100, 5, 6, 7, -100}));
+  EXPECT_EQ(b.layout.doc_start_BT, (std::vector<int32_t>{0, 0, 0, 3, 0, 0, 0, 0}));
+  EXPECT_THROW(d.eval_batch(3, 4), Error);
+}
+
+}  // namespace
+}  // namespace tiermoe
