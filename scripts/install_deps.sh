@@ -11,6 +11,7 @@ packages=(
   libcli11-dev         # the tiermoe command line
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev     # bench/ (Google Benchmark)
+  libopenmpi-dev openmpi-bin  # expert parallelism between processes (mpirun), the ep tests
 )
 
 missing=()
