@@ -36,7 +36,7 @@ namespace {
 // The region a record's tensor belongs to (the table in moe_layer.h).
 MoeRegion region_of(const SavedTensors& record, const MoeSaved& saved, const std::string& name) {
   if (&record == &saved.shared) return MoeRegion::shared;
-  if (&record == &saved.routed) {
+  if (&record != &saved.layer) {  // a routed segment's
     if (name == "x_ND") return MoeRegion::dispatch;
     if (name == "h_N2F" || name == "lora_gate_NR" || name == "lora_up_NR") return MoeRegion::w13;
     if (name == "a_NF") return MoeRegion::act;
@@ -44,6 +44,7 @@ MoeRegion region_of(const SavedTensors& record, const MoeSaved& saved, const std
   }
   if (name == "y_ND") return MoeRegion::combine;
   if (name == "score_N") return saved.absorbed ? MoeRegion::w2 : MoeRegion::combine;
+  if (name == "score_R") return MoeRegion::w2;
   return MoeRegion::router;
 }
 
@@ -58,10 +59,16 @@ MoeSavedItem index_item(MoeRegion region, std::string name, const std::vector<I>
 std::vector<MoeSavedItem> MoeSaved::items() const {
   std::vector<MoeSavedItem> out;
   std::vector<Tensor> seen;
-  for (const SavedTensors* record : {&layer, &routed, &shared}) {
+  std::vector<const SavedTensors*> records = {&layer};
+  for (const SavedTensors& r : routed) records.push_back(&r);
+  records.push_back(&shared);
+  for (const SavedTensors* record : records) {
     for (const auto& [name, t] : record->entries()) {
-      bool dup = std::any_of(seen.begin(), seen.end(),
-                             [&](const Tensor& o) { return o.same_storage(t); });
+      // The same tensor saved twice counts once; the routed segments' rows
+      // are distinct views of one received buffer and count each.
+      bool dup = std::any_of(seen.begin(), seen.end(), [&](const Tensor& o) {
+        return o.same_storage(t) && o.raw() == t.raw() && o.nbytes() == t.nbytes();
+      });
       if (dup) continue;
       seen.push_back(t);
       out.push_back({region_of(*record, *this, name), name, std::string(dtype_name(t.dtype())),
@@ -93,6 +100,7 @@ void MoeSaved::clear() {
   shared.clear();
   routing = Routing();
   plan = DispatchPlan();
+  exchange = ExpertExchange();
   remat = MoeRematPlan();
   absorbed = weight_grads = adapter_grads = false;
 }
@@ -109,9 +117,11 @@ MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatc
   if (router_) {
     const RouterConfig& rc = router_->config();
     rc.validate(where + ".router");
-    TIERMOE_CHECK(rc.num_experts == experts.num_experts() && rc.hidden == experts.hidden(),
+    const int P = dispatcher.ranks();
+    TIERMOE_CHECK(rc.num_experts == experts.num_experts() * P && rc.hidden == experts.hidden(),
                   detail::str_of("router has E ", rc.num_experts, ", D ", rc.hidden,
-                                 " but the experts have E ", experts.num_experts(), ", D ",
+                                 " but the experts have E ", experts.num_experts(),
+                                 P > 1 ? detail::str_of(" on each of ", P, " ranks") : "", ", D ",
                                  experts.hidden()),
                   where, "build the router and the experts from the same model config");
     TIERMOE_CHECK(router_->dtype() == experts.dtype(),
@@ -145,6 +155,16 @@ void MoeLayer::set_experts(ExpertExecutor& experts) {
   experts_ = &experts;
 }
 
+std::string MoeLayer::segment_record_name(int source) const {
+  return source == 0 ? cfg_.name + ".experts"
+                     : cfg_.name + ".experts.from" + std::to_string(source);
+}
+
+Tensor MoeLayer::received_scores(const MoeSaved& saved) const {
+  if (!saved.absorbed) return Tensor();
+  return saved.layer.has("score_R") ? saved.layer.get("score_R") : saved.layer.get("score_N");
+}
+
 MemoryTracker& MoeLayer::tracker() const {
   return cfg_.tracker ? *cfg_.tracker : MemoryTracker::process();
 }
@@ -160,7 +180,7 @@ Tensor MoeLayer::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads,
 
 Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads,
                          bool adapter_grads) {
-  const int64_t E = experts_->num_experts(), D = experts_->hidden();
+  const int64_t E = experts_->num_experts() * dispatcher_->ranks(), D = experts_->hidden();
   const DType dt = experts_->dtype();
   TIERMOE_CHECK(x_TD.defined() && x_TD.dim() == 2 && x_TD.size(1) == D,
                 "x_TD: expected [T, " + std::to_string(D) + "], got " + x_TD.str(), cfg_.name,
@@ -175,7 +195,6 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   MemoryTracker& mem = tracker();
   saved.clear();
   saved.layer = SavedTensors(cfg_.name, mem);
-  saved.routed = SavedTensors(cfg_.name + ".experts", mem);
   saved.shared = SavedTensors(cfg_.name + ".shared", mem);
   saved.absorbed = absorbed_;
   saved.weight_grads = weight_grads;
@@ -186,16 +205,34 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   saved.plan = dispatcher_->plan(routing.ids_TK, routing.weights_TK, E);
   const DispatchPlan& plan = saved.plan;
 
-  // dispatch
+  // dispatch: gather the rows, and with expert parallelism send them (and
+  // absorbed scores) to their experts' owners
   Tensor x_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   permute_forward(x_ND, x_TD, plan);
+  saved.exchange = dispatcher_->exchange(plan, cfg_.name);
+  const ExpertExchange& ex = saved.exchange;
+  const bool exchanges = ex.ranks > 1;
+  Tensor x_RD = dispatcher_->to_experts(x_ND, ex, mem, cfg_.name + " dispatch");
+  Tensor score_R =
+      absorbed_ ? dispatcher_->to_experts(plan.score_N, ex, mem, cfg_.name + " dispatch scores")
+                : Tensor();
   counters_.count_run(MoeRegion::dispatch);
-  // w13, act, w2
-  Tensor y_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
-  experts_->forward(y_ND, x_ND, plan.offset_E, absorbed_ ? plan.score_N : Tensor(), saved.routed,
-                    saved.remat.routed_keep);
+  if (exchanges) counters_.count_exchange(MoeRegion::dispatch, /*replay=*/false);
+  // w13, act, w2: each source rank's rows on their own, in rank order
+  Tensor y_RD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
+  for (int s = 0; s < ex.ranks; ++s) {
+    saved.routed.emplace_back(segment_record_name(s), mem);
+    const int64_t b = ex.segment_P[size_t(s)], e = ex.segment_P[size_t(s) + 1];
+    Tensor y = y_RD.rows(b, e);
+    experts_->forward(y, x_RD.rows(b, e), ex.segment_offsets(s),
+                      absorbed_ ? score_R.rows(b, e) : Tensor(), saved.routed.back(),
+                      saved.remat.routed_keep);
+  }
   for (MoeRegion r : {MoeRegion::w13, MoeRegion::act, MoeRegion::w2}) counters_.count_run(r);
-  // combine: the only place its body runs (never replayed)
+  // combine: the results come back, then the only place its body runs
+  // (never replayed)
+  Tensor y_ND = dispatcher_->from_experts(y_RD, ex, mem, cfg_.name + " combine");
+  if (exchanges) counters_.count_exchange(MoeRegion::combine, /*replay=*/false);
   Tensor out_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
   combine_forward(out_TD, y_ND, plan, absorbed_);
   counters_.count_run(MoeRegion::combine);
@@ -218,25 +255,42 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   if (routing.probs_TE.defined()) saved.layer.save("probs_TE", routing.probs_TE);
   saved.layer.save("weights_TK", routing.weights_TK);
   saved.layer.save("score_N", plan.score_N);
+  if (absorbed_ && exchanges) saved.layer.save("score_R", score_R);
   if (!absorbed_) saved.layer.save("y_ND", y_ND);
   saved.routing = std::move(routing);
   return out_TD;
 }
 
-void MoeLayer::replay_routed(SavedTensors& routed, const MoeSaved& saved) {
+void MoeLayer::replay_routed(std::vector<SavedTensors>& routed, const MoeSaved& saved) {
   const MoeRematPlan& rp = saved.remat;
   const DispatchPlan& plan = saved.plan;
-  Tensor x_ND = routed.has("x_ND") ? routed.get("x_ND") : Tensor();
+  const ExpertExchange& ex = saved.exchange;
+  Tensor x_RD;  // defined when the dispatch is replayed
   if (rp.replay_dispatch) {
-    x_ND = Tensor::empty({plan.N, experts_->hidden()}, experts_->dtype(), MemTag::activations,
-                         tracker());
+    Tensor x_ND = Tensor::empty({plan.N, experts_->hidden()}, experts_->dtype(),
+                                MemTag::activations, tracker());
     permute_forward(x_ND, saved.layer.get("x_TD"), plan);
+    x_RD = dispatcher_->to_experts(x_ND, ex, tracker(), cfg_.name + " dispatch (replay)");
     counters_.count_replay(MoeRegion::dispatch);
-    if (saved.weight_grads || saved.adapter_grads) routed.save("x_ND", x_ND);
+    if (ex.ranks > 1) counters_.count_exchange(MoeRegion::dispatch, /*replay=*/true);
+    if (saved.weight_grads || saved.adapter_grads) {
+      for (int s = 0; s < ex.ranks; ++s) {
+        routed[size_t(s)].save("x_ND",
+                               x_RD.rows(ex.segment_P[size_t(s)], ex.segment_P[size_t(s) + 1]));
+      }
+    }
   }
   if (!rp.routed_replay.any()) return;
-  experts_->replay(routed, x_ND, plan.offset_E, saved.absorbed ? plan.score_N : Tensor(),
-                   rp.routed_replay);
+  const Tensor score_R = received_scores(saved);
+  for (int s = 0; s < ex.ranks; ++s) {
+    const int64_t b = ex.segment_P[size_t(s)], e = ex.segment_P[size_t(s) + 1];
+    SavedTensors& record = routed[size_t(s)];
+    const Tensor x = x_RD.defined()       ? x_RD.rows(b, e)
+                     : record.has("x_ND") ? record.get("x_ND")
+                                          : Tensor();
+    experts_->replay(record, x, ex.segment_offsets(s),
+                     score_R.defined() ? score_R.rows(b, e) : Tensor(), rp.routed_replay);
+  }
   if (rp.routed_replay.w13) counters_.count_replay(MoeRegion::w13);
   if (rp.routed_replay.act) counters_.count_replay(MoeRegion::act);
   if (rp.routed_replay.w2) counters_.count_replay(MoeRegion::w2);
@@ -265,18 +319,40 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   MemoryTracker& mem = tracker();
   const Tensor& score_N = saved.layer.get("score_N");
 
-  // combine
+  const ExpertExchange& ex = saved.exchange;
+  const bool exchanges = ex.ranks > 1;
+  // combine (post-combine: d score here), then dy to the experts' owners
   Tensor dy_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   Tensor dscore_N = Tensor::zeros({plan.N}, score_N.dtype(), MemTag::activations, mem);
   combine_backward(dy_ND, dscore_N, dout_TD, saved.absorbed ? Tensor() : saved.layer.get("y_ND"),
                    plan, saved.absorbed);
-  // w2, act, w13 (after rebuilding what forward did not keep)
-  SavedTensors routed = saved.routed;
+  Tensor dy_RD = dispatcher_->to_experts(dy_ND, ex, mem, cfg_.name + " combine backward");
+  if (exchanges) counters_.count_backward_exchange(MoeRegion::combine);
+  // w2, act, w13 (after rebuilding what forward did not keep), each source
+  // rank's rows on their own, in rank order: the expert weight gradients
+  // add up in the order one rank's micro-batches would add them
+  std::vector<SavedTensors> routed = saved.routed;
   replay_routed(routed, saved);
-  Tensor dx_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
-  experts_->backward(dx_ND, dscore_N, dy_ND, plan.offset_E, saved.absorbed ? score_N : Tensor(),
-                     routed, saved.weight_grads, saved.adapter_grads);
-  // dispatch
+  const Tensor score_R = received_scores(saved);
+  Tensor dx_RD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
+  Tensor dscore_R = saved.absorbed ? Tensor::zeros({ex.received_rows()}, score_N.dtype(),
+                                                   MemTag::activations, mem)
+                                   : Tensor();
+  for (int s = 0; s < ex.ranks; ++s) {
+    const int64_t b = ex.segment_P[size_t(s)], e = ex.segment_P[size_t(s) + 1];
+    Tensor dx = dx_RD.rows(b, e);
+    Tensor ds = saved.absorbed ? dscore_R.rows(b, e) : Tensor();
+    experts_->backward(dx, ds, dy_RD.rows(b, e), ex.segment_offsets(s),
+                       saved.absorbed ? score_R.rows(b, e) : Tensor(), routed[size_t(s)],
+                       saved.weight_grads, saved.adapter_grads);
+  }
+  // dispatch: dx (and absorbed d scores) back to the rows' source
+  Tensor dx_ND = dispatcher_->from_experts(dx_RD, ex, mem, cfg_.name + " dispatch backward");
+  if (saved.absorbed) {
+    dscore_N =
+        dispatcher_->from_experts(dscore_R, ex, mem, cfg_.name + " dispatch backward scores");
+  }
+  if (exchanges) counters_.count_backward_exchange(MoeRegion::dispatch);
   permute_backward(dx_TD, dx_ND, plan, accumulate);
   if (shared_) {
     SavedTensors shared = saved.shared;

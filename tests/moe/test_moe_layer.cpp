@@ -99,9 +99,9 @@ TEST(MoeLayer, AbsorptionSavesExactlyTheW2Output) {
         N = saved.plan.N;
         saved_bytes[a == AbsorbScores::off] = tracker.live(MemTag::saved);
         EXPECT_EQ(saved.layer.has("y_ND"), a == AbsorbScores::off);
-        EXPECT_EQ(saved.routed.has("x_ND"), weight_grads);
-        EXPECT_TRUE(saved.routed.has("h_N2F"));
-        EXPECT_EQ(saved.routed.has("a_NF"), weight_grads || a == AbsorbScores::on);
+        EXPECT_EQ(saved.routed[0].has("x_ND"), weight_grads);
+        EXPECT_TRUE(saved.routed[0].has("h_N2F"));
+        EXPECT_EQ(saved.routed[0].has("a_NF"), weight_grads || a == AbsorbScores::on);
         saved.clear();
         EXPECT_EQ(tracker.live(MemTag::saved), 0u) << "saved tensors outlived their record";
       }

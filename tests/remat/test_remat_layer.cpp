@@ -145,7 +145,7 @@ TEST(RematLayer, AbsorbedW2OutputIsFreedAfterTheForward) {
         EXPECT_EQ(saved.layer.has("y_ND"), a == kOff);
         // What the layer's tracker holds as saved: the experts' kept tensors,
         // plus y_ND when post-combine (the routing tensors are the router's).
-        const size_t want = saved.routed.bytes() + (a == kOff ? y_bytes : 0);
+        const size_t want = saved.routed[0].bytes() + (a == kOff ? y_bytes : 0);
         EXPECT_EQ(tracker.live(MemTag::saved), want);
         EXPECT_EQ(tracker.live_total(), out.nbytes() + want);
       }

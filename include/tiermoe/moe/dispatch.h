@@ -33,6 +33,27 @@ struct DispatchPlan {
   int64_t padded_rows() const { return N - T * K; }
 };
 
+// Where a plan's rows are computed. With expert parallelism the E experts
+// are split evenly over P ranks (rank r owns experts [r*El, (r+1)*El), El =
+// E/P). A rank sends the rows of rank r's experts (contiguous in its
+// expert-major plan) to r, and receives from every source rank s the rows
+// of its own experts: the received rows are source-major, one segment per
+// source, each expert-major over the local experts. The owner computes each
+// segment on its own (the same rows, in the same order, as source s's
+// micro-batch would give one rank), so results do not depend on P.
+// Without expert parallelism there is one segment: the plan's rows.
+struct ExpertExchange {
+  int ranks = 1, rank = 0;
+  int64_t local_experts = 0;           // El
+  std::vector<int64_t> send_rows_P;    // plan rows sent to rank r
+  std::vector<int64_t> recv_count_PL;  // rows of local expert e from source s, [s * El + e]
+  std::vector<int64_t> segment_P;      // first received row of source s; P+1 entries
+
+  int64_t received_rows() const { return segment_P.back(); }
+  // Source s's local offsets: El+1 entries from 0 to the segment's rows.
+  std::vector<int64_t> segment_offsets(int s) const;
+};
+
 class Dispatcher {
  public:
   virtual ~Dispatcher() = default;
@@ -41,6 +62,20 @@ class Dispatcher {
   // score dtype. Throws an Error on an id out of range or a shape mismatch.
   virtual DispatchPlan plan(const std::vector<int32_t>& ids_TK, const Tensor& weights_TK,
                             int64_t num_experts) const = 0;
+
+  // Expert parallelism: how many ranks share the experts, and which is this.
+  virtual int ranks() const { return 1; }
+  virtual int rank() const { return 0; }
+  // The exchange layout of a plan (expert-parallel dispatchers exchange the
+  // per-expert counts: a collective). `what` names the layer in errors.
+  virtual ExpertExchange exchange(const DispatchPlan& plan, std::string_view what) const;
+  // Rows (first dimension) to the experts' owners: plan rows -> received
+  // rows; and back: received rows -> plan rows. Collectives when P > 1;
+  // without expert parallelism both return `rows` itself.
+  virtual Tensor to_experts(const Tensor& rows, const ExpertExchange& ex, MemoryTracker& mem,
+                            std::string_view what) const;
+  virtual Tensor from_experts(const Tensor& rows, const ExpertExchange& ex, MemoryTracker& mem,
+                              std::string_view what) const;
 };
 
 // Rows sorted by expert, stably: within an expert rows are in (token, slot) order.

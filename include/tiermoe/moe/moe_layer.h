@@ -55,14 +55,20 @@ struct MoeSavedItem {
 // What one forward keeps for its backward. The records hold tensors; which
 // region each belongs to is items()'s business:
 //   layer   x_TD, logits_TE, probs_TE, weights_TK (router), score_N (w2 when
-//           absorbed, else combine), y_ND (combine, post-combine only)
-//   routed  x_ND (dispatch), h_N2F (w13), a_NF (act), ypre_ND, rstd_N (w2)
+//           absorbed, else combine), y_ND (combine, post-combine only);
+//           with expert parallelism and absorbed scores score_R, the scores
+//           of the rows this rank's experts received (w2)
+//   routed  one record per source segment of the received rows (one
+//           without expert parallelism): x_ND (dispatch), h_N2F (w13), a_NF
+//           (act), ypre_ND, rstd_N (w2)
 //   shared  the shared experts' h_N2F, a_NF (their x_ND is x_TD)
 // Only what the remat plan keeps is there; backward rebuilds the rest.
 struct MoeSaved {
   Routing routing;
   DispatchPlan plan;
-  SavedTensors layer, routed, shared;
+  ExpertExchange exchange;  // where the plan's rows went (dispatch.h)
+  SavedTensors layer, shared;
+  std::vector<SavedTensors> routed;  // per source segment
   bool absorbed = false;
   bool weight_grads = false;
   bool adapter_grads = false;  // the experts carry an adapter and a backward wants its grads
@@ -91,7 +97,9 @@ class MoeLayer {
   void set_options(AbsorbScores absorb, const MoeRegionKeep& keep);
   // Runs the routed experts on `experts` from the next forward on (e.g. the
   // device tier's TieredExperts over the same GroupedExperts). It must have
-  // this layer's expert count, hidden size, dtype and postprocess.
+  // this layer's expert count, hidden size, dtype and postprocess. With an
+  // expert-parallel dispatcher the executor holds this rank's experts only
+  // (E / ranks), and the router all E.
   void set_experts(ExpertExecutor& experts);
   // Region body runs since construction or the last reset (not thread-safe:
   // a layer runs one forward or backward at a time).
@@ -122,7 +130,12 @@ class MoeLayer {
  private:
   MemoryTracker& tracker() const;
   // Rebuilds into `routed` / `shared` what backward reads and forward did not keep.
-  void replay_routed(SavedTensors& routed, const MoeSaved& saved);
+  void replay_routed(std::vector<SavedTensors>& routed, const MoeSaved& saved);
+  // The record of source rank s's rows ("moe.experts", "moe.experts.from1").
+  std::string segment_record_name(int source) const;
+  // The absorbed scores of the rows this rank's experts computed (undefined
+  // when not absorbed).
+  Tensor received_scores(const MoeSaved& saved) const;
   void replay_shared(SavedTensors& shared, const MoeSaved& saved);
 
   MoeLayerConfig cfg_;

@@ -88,16 +88,32 @@ struct MoeRematPlan {
 // forward's and the replays'), and how many of those were replays in a
 // backward. The combine's body runs exactly once per forward and never in a
 // replay; that the counters show it is part of the remat contract.
+//
+// With expert parallelism the dispatch and the combine each exchange rows
+// between ranks (a collective): the dispatch sends rows to the experts'
+// owners, the combine brings results back, and backward reverses both. A
+// replayed dispatch is a replayed collective; the combine's never replays.
 struct MoeRegionCounters {
   std::array<int64_t, kNumMoeRegions> runs{}, replays{};
+  // Row exchanges (expert parallelism only): forward ones, of which
+  // replays, and backward ones (the reversed exchange of the region).
+  std::array<int64_t, kNumMoeRegions> exchanges{}, exchange_replays{}, backward_exchanges{};
 
   int64_t run_count(MoeRegion r) const { return runs[size_t(r)]; }
   int64_t replay_count(MoeRegion r) const { return replays[size_t(r)]; }
+  int64_t exchange_count(MoeRegion r) const { return exchanges[size_t(r)]; }
+  int64_t exchange_replay_count(MoeRegion r) const { return exchange_replays[size_t(r)]; }
+  int64_t backward_exchange_count(MoeRegion r) const { return backward_exchanges[size_t(r)]; }
   void count_run(MoeRegion r) { ++runs[size_t(r)]; }
   void count_replay(MoeRegion r) {
     ++runs[size_t(r)];
     ++replays[size_t(r)];
   }
+  void count_exchange(MoeRegion r, bool replay) {
+    ++exchanges[size_t(r)];
+    if (replay) ++exchange_replays[size_t(r)];
+  }
+  void count_backward_exchange(MoeRegion r) { ++backward_exchanges[size_t(r)]; }
   void reset() { *this = MoeRegionCounters(); }
 };
 
