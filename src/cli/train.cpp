@@ -13,15 +13,29 @@
 // the run-control flags (--out, --save-every, --stop-after, --metrics,
 // --json, --threads), which are this process's own; --out defaults to the
 // directory holding the checkpoint.
+//
+// `mpirun -np P tiermoe train --ep P ...` trains one model over P ranks:
+// expert parallel (each rank holds E/P of every MoE layer's experts) and
+// data parallel (each rank runs grad_accum/P of the step's micro-batches).
+// Results are the bits a single rank gets with the same flags. Rank 0 logs,
+// prints --json and writes --metrics; checkpoints are written by all ranks
+// together (train/checkpoint.h) and resume on any rank count that divides
+// the expert count and --grad-accum. A rank that fails makes the whole job
+// stop: an error on one rank aborts all of them, and a rank that dies or
+// hangs is noticed by mpirun or by the others' --comm-timeout.
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/dist/mpi_comm.h"
 #include "tiermoe/io/peft.h"
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/progress.h"
@@ -59,6 +73,10 @@ struct TrainFlags {
   std::string resume;
   int threads = 0;
   bool json = false;
+
+  int ep = 0;                 // ranks the experts are split over (0: not given)
+  double comm_timeout = 600;  // seconds a collective may wait for the other ranks
+  std::string inject_fault;   // tests: KIND:RANK:STEP with KIND kill, hang or error
 };
 
 // Flags that define the run, by the trainer_state.json config key they set.
@@ -156,8 +174,59 @@ TrainConfig resumed_config(const TrainConfig& from_flags, const std::string& che
   return TrainConfig::from_json(saved, checkpoint + "/" + kTrainerStateFile);
 }
 
-void run_train(TrainFlags& f, const CLI::App& cmd) {
-  if (f.threads > 0) set_num_threads(f.threads);
+// mpirun ends the other ranks of a job one of whose processes died with
+// SIGTERM: say why before going.
+void on_sigterm(int) {
+  static const char msg[] =
+      "tiermoe: stopped by mpirun: another rank of this job failed (see its output above)\n";
+  ssize_t ignored = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+  (void)ignored;
+  ::_exit(1);
+}
+
+// --inject-fault KIND:RANK:STEP: on rank RANK, before step STEP, die
+// (SIGKILL), hang (sleep for good) or throw an Error. For the tests of a
+// failing rank.
+std::function<void(int64_t)> fault_hook(const std::string& spec, int rank) {
+  if (spec.empty()) return {};
+  const size_t a = spec.find(':'), b = spec.rfind(':');
+  TIERMOE_CHECK(a != std::string::npos && b != a, "expected KIND:RANK:STEP, got '" + spec + "'",
+                "--inject-fault", "e.g. kill:1:2");
+  const std::string kind = spec.substr(0, a);
+  const int on_rank = std::stoi(spec.substr(a + 1, b - a - 1));
+  const int64_t at_step = std::stoll(spec.substr(b + 1));
+  TIERMOE_CHECK(kind == "kill" || kind == "hang" || kind == "error", "unknown fault '" + kind + "'",
+                "--inject-fault", "use kill, hang or error");
+  if (on_rank != rank) return {};
+  return [kind, at_step, rank](int64_t step) {
+    if (step != at_step) return;
+    std::cerr << "tiermoe: rank " << rank << ": injected fault '" << kind << "' before step "
+              << step << std::endl;
+    if (kind == "kill") ::raise(SIGKILL);
+    if (kind == "hang") {
+      for (;;) ::pause();
+    }
+    throw Error("injected error", "--inject-fault", "a test of a failing rank");
+  };
+}
+
+void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
+  const int ranks = mpi ? mpi->size() : 1, rank = mpi ? mpi->rank() : 0;
+  TIERMOE_CHECK(f.ep == 0 || f.ep == ranks,
+                str_of("--ep ", f.ep, " but ", ranks, " rank(s) were started"), "--ep",
+                str_of("start the run with mpirun -np ", f.ep, " tiermoe train --ep ", f.ep,
+                       " ...; --ep must equal the number of ranks"));
+  TIERMOE_CHECK(ranks == 1 || f.ep == ranks,
+                str_of("mpirun started ", ranks, " ranks but --ep is not given"), "--ep",
+                str_of("pass --ep ", ranks,
+                       " (without it every rank would train a model of its own into the same "
+                       "--out)"));
+  if (f.threads > 0) {
+    set_num_threads(f.threads);
+  } else if (mpi && mpi->local_size() > 1) {
+    // The ranks on this host share its cores.
+    set_num_threads(std::max(1, default_num_threads() / mpi->local_size()));
+  }
   TrainConfig config = config_from_flags(f, cmd);
   RunControl control = f.control;
   if (!f.resume.empty()) {
@@ -167,19 +236,41 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
     const TierRunConfig tier = config.tier;  // where experts run is this process's choice
     config = resumed_config(config, control.resume, cmd);
     config.tier = tier;
-  } else if (!f.full && !config.lora) {
+  } else if (!f.full && !config.lora && rank == 0) {
     std::cerr << "train: neither --full nor --lora-rank given: full fine-tuning (every parameter "
                  "trainable, fp32 masters)\n";
   }
-  control.log = &std::cerr;
+  control.comm = mpi;
+  control.log = rank == 0 ? &std::cerr : nullptr;
   control.progress_tty = ::isatty(STDERR_FILENO) == 1;
+  if (rank != 0) control.metrics_file.clear();
+  control.before_step = fault_hook(f.inject_fault, rank);
 
   const TrainSummary summary = run_training(config, control);
+  if (rank != 0) return;
   if (f.json) {
     std::cout << summary.to_json().dump() << "\n";
   } else {
     std::cout << "loss " << format_loss(summary.final_loss, summary.loss_floor) << " after "
               << summary.steps << " steps\n";
+  }
+}
+
+void run_train(TrainFlags& f, const CLI::App& cmd) {
+  if (!launched_by_mpirun()) {
+    run_train_on(f, cmd, nullptr);
+    return;
+  }
+  MpiComm mpi(f.comm_timeout);
+  if (mpi.size() > 1) ::signal(SIGTERM, on_sigterm);
+  try {
+    run_train_on(f, cmd, &mpi);
+  } catch (const std::exception& e) {
+    if (mpi.size() == 1) throw;
+    // The other ranks may wait in a collective for this one: end them all.
+    std::cerr << "error: rank " << mpi.rank() << " of " << mpi.size() << ": " << e.what()
+              << std::endl;
+    mpi.abort(1);
   }
 }
 
@@ -295,6 +386,15 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--progress-every", f->control.progress_every,
                   "Without a terminal: a progress line every N steps (default: about 25 a run)");
   cmd->add_flag("--json", f->json, "Print a JSON summary as the last stdout line");
+  cmd->add_option("--ep", f->ep,
+                  "Expert and data parallelism over N ranks (start with mpirun -np N; N must "
+                  "divide the expert count and --grad-accum)");
+  cmd->add_option("--comm-timeout", f->comm_timeout,
+                  "Seconds a collective may wait for the other ranks before the run stops")
+      ->capture_default_str();
+  cmd->add_option("--inject-fault", f->inject_fault,
+                  "Tests: KIND:RANK:STEP, KIND kill|hang|error, on that rank before that step")
+      ->group("");
   cmd->callback([f, cmd] { run_train(*f, *cmd); });
 }
 

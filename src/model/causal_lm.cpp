@@ -9,6 +9,7 @@
 #include "tiermoe/kernels/matmul.h"
 #include "tiermoe/kernels/matmul_mixed.h"
 #include "tiermoe/kernels/rmsnorm.h"
+#include "tiermoe/moe/alltoall.h"
 
 namespace tiermoe {
 
@@ -26,11 +27,23 @@ void check_model_supported(const ModelConfig& c, const std::string& where) {
                 "check head_dim in config.json");
 }
 
-CausalLM::CausalLM(ModelConfig config, DType compute)
-    : config_(std::move(config)),
-      dtype_(compute),
-      dispatcher_(std::make_unique<LocalDispatcher>()) {
+namespace {
+
+std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
+  if (!comm || comm->size() == 1) return std::make_unique<LocalDispatcher>();
+  TIERMOE_CHECK(c.num_experts > 0 && c.num_experts % comm->size() == 0,
+                str_of("expert parallelism over ", comm->size(),
+                       " ranks needs an expert count they divide; the model has ", c.num_experts),
+                "--ep", "run a number of ranks that divides num_experts");
+  return std::make_unique<AllToAllDispatcher>(*comm);
+}
+
+}  // namespace
+
+CausalLM::CausalLM(ModelConfig config, DType compute, Comm* comm)
+    : config_(std::move(config)), dtype_(compute), comm_(comm) {
   check_model_supported(config_, "model config");
+  dispatcher_ = make_dispatcher(config_, comm_);
   const int64_t V = config_.vocab_size, D = config_.hidden_size;
   embed_ = Weight::zeros({V, D}, compute);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
@@ -100,16 +113,20 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj",
                             mixtral ? "w2" : "down_proj"};
     auto set_experts = [&moe](bool on) { moe.set_experts_requires_grad(on); };
-    for (int64_t e = 0; e < config_.num_experts; ++e) {
-      const std::string ep = block + "experts." + std::to_string(e) + ".";
+    // This rank's experts (all of them without expert parallelism).
+    for (int64_t e = 0; e < local_experts(); ++e) {
+      const int64_t global = first_expert() + e;
+      const std::string ep = block + "experts." + std::to_string(global) + ".";
       Tensor w13_e = w13.select(e), w2_e = w2.select(e);
       Tensor g13_e = g13.defined() ? g13.select(e) : Tensor();
       Tensor g2_e = g2.defined() ? g2.select(e) : Tensor();
       out.push_back({{ep + names[0] + ".weight", HfRole::expert, slice(w13_e, 0, F),
-                      slice(g13_e, 0, F), experts_on}, set_experts});
+                      slice(g13_e, 0, F), experts_on, global},
+                     set_experts});
       out.push_back({{ep + names[1] + ".weight", HfRole::expert, slice(w13_e, F, 2 * F),
-                      slice(g13_e, F, 2 * F), experts_on}, set_experts});
-      out.push_back({{ep + names[2] + ".weight", HfRole::expert, w2_e, g2_e, experts_on},
+                      slice(g13_e, F, 2 * F), experts_on, global},
+                     set_experts});
+      out.push_back({{ep + names[2] + ".weight", HfRole::expert, w2_e, g2_e, experts_on, global},
                      set_experts});
     }
   }

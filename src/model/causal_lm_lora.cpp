@@ -1,8 +1,10 @@
 // CausalLM: remat and absorption options for the MoE blocks, and LoRA over
 // the whole model (enable, parameters, PEFT export and import).
+#include <cstring>
 #include <map>
 
 #include "tiermoe/model/causal_lm.h"
+#include "tiermoe/model/checkpoint.h"
 
 namespace tiermoe {
 
@@ -21,6 +23,7 @@ struct CausalLM::LoraModule {
   std::string path;  // HF module path, "model.layers.0.self_attn.q_proj"
   HfRole role;
   Tensor A_RI, B_OR, dA_RI, dB_OR;
+  int64_t expert = -1;  // a routed expert's adapter: the expert
 };
 
 std::vector<CausalLM::LoraModule> CausalLM::lora_modules() const {
@@ -29,7 +32,7 @@ std::vector<CausalLM::LoraModule> CausalLM::lora_modules() const {
     for (LoraAdapter* a : layer->lora_adapters()) {
       HfRole role = a->name().find(".self_attn.") != std::string::npos ? HfRole::attention
                                                                        : HfRole::dense_mlp;
-      out.push_back({a->name(), role, a->A_RI, a->B_OR, a->dA_RI, a->dB_OR});
+      out.push_back({a->name(), role, a->A_RI, a->B_OR, a->dA_RI, a->dB_OR, -1});
     }
     MoeBlock* moe = layer->moe();
     ExpertLora* ex = moe ? moe->lora() : nullptr;
@@ -37,7 +40,8 @@ std::vector<CausalLM::LoraModule> CausalLM::lora_modules() const {
     for (int64_t e = 0; e < ex->num_experts(); ++e) {
       for (ExpertProj p : ex->projections()) {
         out.push_back({ex->module_path(p, e), HfRole::expert, ex->A(p).select(e),
-                       ex->B(p).select(e), ex->dA(p).select(e), ex->dB(p).select(e)});
+                       ex->B(p).select(e), ex->dA(p).select(e), ex->dB(p).select(e),
+                       ex->first_expert() + e});
       }
     }
   }
@@ -72,18 +76,62 @@ const LoraConfig& CausalLM::lora_config() const {
 std::vector<ModelParam> CausalLM::lora_params() {
   std::vector<ModelParam> out;
   for (LoraModule& m : lora_modules()) {
-    out.push_back({m.path + ".lora_A.weight", m.role, m.A_RI, m.dA_RI, true});
-    out.push_back({m.path + ".lora_B.weight", m.role, m.B_OR, m.dB_OR, true});
+    out.push_back({m.path + ".lora_A.weight", m.role, m.A_RI, m.dA_RI, true, m.expert});
+    out.push_back({m.path + ".lora_B.weight", m.role, m.B_OR, m.dB_OR, true, m.expert});
   }
   return out;
+}
+
+PeftLoraModules CausalLM::gather_lora_modules() const {
+  PeftLoraModules modules;
+  std::vector<LoraModule> held = lora_modules();
+  std::vector<const LoraModule*> experts;  // this rank's routed experts' adapters, in order
+  for (const LoraModule& m : held) {
+    if (m.expert >= 0 && ep_ranks() > 1) {
+      experts.push_back(&m);
+    } else {
+      modules[m.path] = {m.A_RI, m.B_OR};
+    }
+  }
+  if (experts.empty()) return modules;
+  // Every rank holds the same adapters for its own experts (same shapes, in
+  // the same order), so one allgather of their values brings all of them.
+  size_t bytes = 0;
+  for (const LoraModule* m : experts) bytes += m->A_RI.nbytes() + m->B_OR.nbytes();
+  std::vector<char> mine(bytes), all(bytes * size_t(ep_ranks()));
+  size_t at = 0;
+  for (const LoraModule* m : experts) {
+    for (const Tensor* t : {&m->A_RI, &m->B_OR}) {
+      std::memcpy(mine.data() + at, t->raw(), t->nbytes());
+      at += t->nbytes();
+    }
+  }
+  comm_->allgather(mine.data(), bytes, all.data(), "the experts' LoRA adapters");
+  for (int r = 0; r < ep_ranks(); ++r) {
+    at = size_t(r) * bytes;
+    for (const LoraModule* m : experts) {
+      // Rank r's copy of this module is the same module path at expert
+      // e + (r - rank) * El.
+      const int64_t e = m->expert + (r - dispatcher_->rank()) * local_experts();
+      std::string path = m->path;
+      const std::string from = ".experts." + std::to_string(m->expert) + ".";
+      path.replace(path.find(from), from.size(), ".experts." + std::to_string(e) + ".");
+      PeftLoraWeights w{m->A_RI.clone(), m->B_OR.clone()};
+      for (Tensor* t : {&w.A_RI, &w.B_OR}) {
+        std::memcpy(t->raw(), all.data() + at, t->nbytes());
+        at += t->nbytes();
+      }
+      modules[path] = std::move(w);
+    }
+  }
+  return modules;
 }
 
 void CausalLM::save_lora_adapter(const std::string& dir, DType storage,
                                  const std::string& base_model_name_or_path) const {
   const LoraConfig& cfg = lora_config();
-  PeftLoraModules modules;
-  for (const LoraModule& m : lora_modules()) modules[m.path] = {m.A_RI, m.B_OR};
-  save_peft_adapter(dir, to_peft_config(cfg, base_model_name_or_path), modules, storage);
+  save_peft_adapter(dir, to_peft_config(cfg, base_model_name_or_path), gather_lora_modules(),
+                    storage);
 }
 
 namespace {
@@ -134,6 +182,9 @@ void CausalLM::load_lora_adapter(const std::string& dir) {
       "the adapter was trained for a model with other layers, experts or sizes; check "
       "base_model_name_or_path in adapter_config.json against --model";
   for (const auto& [path, w] : adapter.modules) {
+    // Another rank's expert: its owner loads it.
+    const int64_t e = hf_expert_index(path);
+    if (e >= 0 && e < config_.num_experts && !holds_expert(e)) continue;
     TIERMOE_CHECK(
         by_path.contains(path),
         "adapter module '" + std::string(kPeftKeyPrefix) + path + "' names no module of this model",

@@ -12,14 +12,27 @@ bool is_ignored_checkpoint_tensor(const std::string& name) {
   return name.ends_with("rotary_emb.inv_freq");
 }
 
+int64_t hf_expert_index(std::string_view name) {
+  static constexpr std::string_view kExperts = ".experts.";
+  const size_t at = name.find(kExperts);
+  if (at == std::string_view::npos) return -1;
+  const size_t begin = at + kExperts.size();
+  size_t end = begin;
+  while (end < name.size() && name[end] >= '0' && name[end] <= '9') ++end;
+  if (end == begin || end - begin > 9 || end >= name.size() || name[end] != '.') return -1;
+  return std::stoll(std::string(name.substr(begin, end - begin)));
+}
+
 namespace {
 
 using detail::str_of;
 
-// One on-disk tensor and where its values go.
+// One on-disk tensor and where its values go: all of it, or (a fused
+// expert tensor under expert parallelism) its rows [row0, row0 + dest rows).
 struct LoadItem {
   std::string name;
   Tensor dest;
+  int64_t row0 = -1;
 };
 
 class LoadPlan {
@@ -29,17 +42,33 @@ class LoadPlan {
   bool has(const std::string& name) const { return ck_.contains(name); }
 
   void add(const std::string& name, const Tensor& dest) {
+    check(name, dest.shape());
+    items_.push_back({name, dest});
+    used_.insert(name);
+  }
+
+  // Rows [row0, row0 + dest.size(0)) of a stacked tensor of `rows` rows.
+  void add_rows(const std::string& name, const Tensor& dest, int64_t row0, int64_t rows) {
+    Shape whole = dest.shape();
+    whole[0] = rows;
+    check(name, whole);
+    items_.push_back({name, dest, row0});
+    used_.insert(name);
+  }
+
+  // Another rank's expert: its owner loads it.
+  void skip(const std::string& name) { used_.insert(name); }
+
+  void check(const std::string& name, const Shape& want) const {
     TIERMOE_CHECK(ck_.contains(name), "checkpoint lacks tensor '" + name + "'", ck_.dir(),
                   str_of("config.json (", family_name(c_.family), ", ", c_.num_hidden_layers,
                          " layers, ", c_.num_experts, " experts) implies it; is config.json from "
                          "another checkpoint, or a tensor missing from the index?"));
     const Shape& got = ck_.entry(name).shape;
-    TIERMOE_CHECK(got == dest.shape(),
-                  str_of("tensor '", name, "' has shape ", shape_str(got), " but config.json implies ",
-                         shape_str(dest.shape())),
+    TIERMOE_CHECK(got == want,
+                  str_of("tensor '", name, "' has shape ", shape_str(got),
+                         " but config.json implies ", shape_str(want)),
                   ck_.dir(), shape_hint(name));
-    items_.push_back({name, dest});
-    used_.insert(name);
   }
 
   // Every checkpoint tensor must be used (or a skipped buffer).
@@ -65,7 +94,8 @@ class LoadPlan {
   void load(DType compute) const {
     for (const LoadItem& it : items_) {
       Tensor dest = it.dest;
-      dest.copy_from(ck_.load(it.name, compute, MemTag::activations));
+      Tensor src = ck_.load(it.name, compute, MemTag::activations);
+      dest.copy_from(it.row0 < 0 ? src : src.rows(it.row0, it.row0 + dest.size(0)));
     }
   }
 
@@ -87,12 +117,16 @@ class LoadPlan {
 
 }  // namespace
 
-CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute) {
+CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm) {
   ModelConfig config = load_model_config(dir);
   check_model_supported(config, (std::filesystem::path(dir) / "config.json").string());
   CheckpointTensors ck = CheckpointTensors::open(dir);
-  CausalLM model(config, compute);
+  CausalLM model(config, compute, comm);
   LoadPlan plan(ck, config);
+  for (const std::string& name : ck.names()) {
+    const int64_t e = hf_expert_index(name);
+    if (e >= 0 && e < config.num_experts && !model.holds_expert(e)) plan.skip(name);
+  }
 
   std::set<int64_t> fused_layers;
   for (Slot& s : model.slots(/*with_grads=*/false)) {
@@ -114,8 +148,9 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute) {
     if (plan.has(fused + "gate_up_proj") || plan.has(fused + "down_proj")) {
       if (fused_layers.insert(l).second) {
         GroupedExperts& ex = model.layer(l).moe()->experts();
-        plan.add(fused + "gate_up_proj", ex.param("w13"));
-        plan.add(fused + "down_proj", ex.param("w2"));
+        const int64_t e0 = model.first_expert(), E = config.num_experts;
+        plan.add_rows(fused + "gate_up_proj", ex.param("w13"), e0, E);
+        plan.add_rows(fused + "down_proj", ex.param("w2"), e0, E);
       }
       continue;
     }
@@ -126,17 +161,26 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute) {
   return model;
 }
 
-void CausalLM::save_checkpoint(const std::string& dir, std::optional<DType> storage,
-                               uint64_t max_shard_bytes) const {
-  const DType dt = storage.value_or(dtype_);
+NamedTensors CausalLM::checkpoint_tensors(DType storage, bool experts_only) const {
   // slots() only builds views here (no grads), so it does not change the model.
   auto& self = const_cast<CausalLM&>(*this);
   NamedTensors tensors;
   for (Slot& s : self.slots(/*with_grads=*/false)) {
+    if (experts_only && s.param.expert < 0) continue;
     Tensor t = s.param.value;
-    tensors.emplace_back(s.param.name, t.dtype() == dt ? t : t.to(dt, MemTag::activations));
+    tensors.emplace_back(s.param.name,
+                         t.dtype() == storage ? t : t.to(storage, MemTag::activations));
   }
-  save_checkpoint_tensors(dir, tensors, max_shard_bytes);
+  return tensors;
+}
+
+void CausalLM::save_checkpoint(const std::string& dir, std::optional<DType> storage,
+                               uint64_t max_shard_bytes) const {
+  TIERMOE_CHECK(ep_ranks() == 1, "save_checkpoint of an expert-parallel model", "CausalLM",
+                "every rank holds part of the experts: write the ranks' parts together "
+                "(tiermoe train's checkpoints do)");
+  const DType dt = storage.value_or(dtype_);
+  save_checkpoint_tensors(dir, checkpoint_tensors(dt, /*experts_only=*/false), max_shard_bytes);
   ModelConfig c = config_;
   c.torch_dtype = torch_dtype_name(dt);
   save_model_config(c, (std::filesystem::path(dir) / "config.json").string());

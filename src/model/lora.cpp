@@ -312,8 +312,11 @@ std::string_view expert_proj_name(ExpertProj p) {
 }
 
 ExpertLora::ExpertLora(int64_t num_experts, int64_t hidden, int64_t ffn, const LoraConfig& config,
-                       DType compute, std::string prefix)
+                       DType compute, std::string prefix, int64_t first_expert,
+                       int64_t total_experts)
     : num_experts_(num_experts),
+      first_expert_(first_expert),
+      total_experts_(total_experts > 0 ? total_experts : num_experts),
       rank_(config.rank),
       scaling_(config.scaling()),
       prefix_(std::move(prefix)) {
@@ -321,6 +324,10 @@ ExpertLora::ExpertLora(int64_t num_experts, int64_t hidden, int64_t ffn, const L
   TIERMOE_CHECK(num_experts > 0 && hidden > 0 && ffn > 0,
                 str_of("expert LoRA for E=", num_experts, " D=", hidden, " F=", ffn), prefix_,
                 "experts, hidden and ffn sizes must be positive");
+  TIERMOE_CHECK(first_expert_ >= 0 && first_expert_ + num_experts_ <= total_experts_,
+                str_of("experts [", first_expert_, ", ", first_expert_ + num_experts_, ") of ",
+                       total_experts_),
+                prefix_, "the held experts must be a range of the layer's");
   DType md = lora_master_dtype(compute);
   for (ExpertProj p : {ExpertProj::gate, ExpertProj::up, ExpertProj::down}) {
     if (!config.targets.contains(std::string(expert_proj_name(p)))) continue;
@@ -362,13 +369,17 @@ const Tensor& ExpertLora::A(ExpertProj p) const { return proj(p).A_ERI; }
 const Tensor& ExpertLora::B(ExpertProj p) const { return proj(p).B_EOR; }
 
 std::string ExpertLora::module_path(ExpertProj p, int64_t e) const {
-  return str_of(prefix_, ".", e, ".", expert_proj_name(p));
+  return str_of(prefix_, ".", first_expert_ + e, ".", expert_proj_name(p));
 }
 
 void ExpertLora::init(Rng& rng) {
-  for (int64_t e = 0; e < num_experts_; ++e) {
+  for (int64_t g = 0; g < total_experts_; ++g) {
+    const int64_t e = g - first_expert_;
+    const bool held = e >= 0 && e < num_experts_;
     for (Proj& w : weights_) {
-      Tensor A = w.A_ERI.select(e), B = w.B_EOR.select(e);
+      // Another rank's expert: draw its values anyway, so ours come out the same.
+      Tensor A = held ? w.A_ERI.select(e) : w.A_ERI.select(0).clone();
+      Tensor B = held ? w.B_EOR.select(e) : w.B_EOR.select(0).clone();
       lora_init(A, B, rng);
     }
   }

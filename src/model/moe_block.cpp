@@ -14,9 +14,10 @@ RouterConfig router_config(const ModelConfig& c) {
   return r;
 }
 
-ExpertsConfig experts_config(const ModelConfig& c) {
+// With expert parallelism this rank holds E / ranks of the experts.
+ExpertsConfig experts_config(const ModelConfig& c, const Dispatcher& d) {
   ExpertsConfig e;
-  e.num_experts = c.num_experts;
+  e.num_experts = c.num_experts / d.ranks();
   e.hidden = c.hidden_size;
   e.ffn = c.moe_intermediate_size;
   e.activation = ExpertActivation::swiglu;
@@ -71,7 +72,9 @@ class MoeBlock::LoraHook final : public ExpertAdapter {
 MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
                    std::string name)
     : router_(router_config(config), compute, name + ".gate"),
-      experts_(experts_config(config), compute, name + ".experts"),
+      experts_(experts_config(config, dispatcher), compute, name + ".experts"),
+      first_expert_(experts_.config().num_experts * dispatcher.rank()),
+      total_experts_(config.num_experts),
       executor_(experts_),
       layer_(layer_config(name), &router_, dispatcher, executor_) {}
 
@@ -89,8 +92,8 @@ void MoeBlock::set_moe_options(AbsorbScores absorb, const MoeRegionKeep& keep) {
 
 void MoeBlock::enable_lora(const LoraConfig& config, Rng& rng) {
   const ExpertsConfig& c = experts_.config();
-  auto lora = std::make_unique<ExpertLora>(c.num_experts, c.hidden, c.ffn, config,
-                                           experts_.dtype(), experts_.name());
+  auto lora = std::make_unique<ExpertLora>(c.num_experts, c.hidden, c.ffn, config, experts_.dtype(),
+                                           experts_.name(), first_expert_, total_experts_);
   if (lora->empty()) return;
   lora->init(rng);
   lora_ = std::move(lora);

@@ -244,4 +244,42 @@ RoutingProfile RoutingProfile::synthetic(int64_t layers, int64_t experts,
   return p;
 }
 
+RoutingProfile RoutingProfile::join(const std::vector<RoutingProfile>& parts) {
+  TIERMOE_CHECK(!parts.empty(), "no profiles to join", "RoutingProfile::join", "");
+  int64_t experts = 0;
+  for (const RoutingProfile& p : parts) {
+    TIERMOE_CHECK(
+        p.layers_ == parts[0].layers_ && p.decay_ == parts[0].decay_ && p.steps_ == parts[0].steps_,
+        "the ranks' routing profiles disagree on layers, decay or steps", "RoutingProfile::join",
+        "join the profiles of one run's ranks");
+    experts += p.experts_;
+  }
+  RoutingProfile out(parts[0].layers_, experts, parts[0].decay_);
+  out.steps_ = parts[0].steps_;
+  for (int64_t l = 0; l < out.layers_; ++l) {
+    std::vector<double>& row = out.ema_LE[size_t(l)];
+    row.clear();
+    for (const RoutingProfile& p : parts) {
+      row.insert(row.end(), p.ema_LE[size_t(l)].begin(), p.ema_LE[size_t(l)].end());
+      out.drift_ = std::max(out.drift_, p.drift_);
+    }
+  }
+  return out;
+}
+
+RoutingProfile RoutingProfile::experts_slice(int64_t first, int64_t count) const {
+  TIERMOE_CHECK(
+      first >= 0 && count >= 1 && first + count <= experts_,
+      detail::str_of("experts [", first, ", ", first + count, ") of a profile of ", experts_),
+      "routing profile", "the profile is of another model");
+  RoutingProfile out(layers_, count, decay_);
+  out.steps_ = steps_;
+  out.drift_ = drift_;
+  for (int64_t l = 0; l < layers_; ++l) {
+    const auto& row = ema_LE[size_t(l)];
+    out.ema_LE[size_t(l)].assign(row.begin() + first, row.begin() + first + count);
+  }
+  return out;
+}
+
 }  // namespace tiermoe

@@ -9,9 +9,11 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/model/checkpoint.h"
 
 namespace tiermoe {
 
@@ -92,10 +94,206 @@ std::string base_model_name(const TrainConfig& c) {
   return c.model_dir.empty() ? str_of("tiermoe preset ", c.preset, " seed ", c.seed) : c.model_dir;
 }
 
+std::string optimizer_shard_name(int rank, int ranks) {
+  char name[64];
+  std::snprintf(name, sizeof name, "optimizer-%05d-of-%05d.safetensors", rank + 1, ranks);
+  return name;
+}
+
+bool is_optimizer_shard_name(const std::string& name) {
+  static const std::regex pattern(R"(optimizer-\d{5}-of-\d{5}\.safetensors)");
+  return std::regex_match(name, pattern);
+}
+
+// The whole model's weights written by P ranks together as one Hugging Face
+// sharded checkpoint: rank r's shards are numbered after the ranks before
+// it, and rank 0 writes the index of all of them. Made (collectively) before
+// the directory is written, so that the write itself needs no collective.
+struct RankShards {
+  NamedTensors tensors;
+  std::vector<std::vector<size_t>> plan;          // this rank's shards: indices into tensors
+  size_t first = 0, total = 0;                    // global number of its first shard; all ranks'
+  std::map<std::string, std::string> weight_map;  // rank 0: every tensor's shard
+  uint64_t total_size = 0;
+};
+
+constexpr uint64_t kMaxShardBytes = 5'000'000'000ull;
+
+RankShards plan_rank_shards(const CausalLM& model, DType storage) {
+  Comm& comm = *model.comm();
+  RankShards out;
+  out.tensors = model.checkpoint_tensors(storage, /*experts_only=*/comm.rank() != 0);
+  std::vector<uint64_t> bytes;
+  uint64_t mine = 0;
+  for (const auto& [name, t] : out.tensors) {
+    bytes.push_back(t.nbytes());
+    mine += t.nbytes();
+  }
+  out.plan = plan_checkpoint_shards(bytes, kMaxShardBytes);
+  const std::vector<int64_t> counts = comm.allgather_value(int64_t(out.plan.size()), "shards");
+  for (int r = 0; r < comm.size(); ++r) {
+    if (r < comm.rank()) out.first += size_t(counts[size_t(r)]);
+    out.total += size_t(counts[size_t(r)]);
+  }
+  std::string index;  // "name\tshard\n" per tensor
+  for (size_t sh = 0; sh < out.plan.size(); ++sh) {
+    for (size_t i : out.plan[sh]) {
+      index +=
+          out.tensors[i].first + "\t" + checkpoint_shard_name(out.first + sh, out.total) + "\n";
+    }
+  }
+  const std::vector<std::string> all = comm.allgather_text(index, "checkpoint index");
+  for (const int64_t b : comm.allgather_value(int64_t(mine), "checkpoint size")) {
+    out.total_size += uint64_t(b);
+  }
+  if (comm.rank() == 0) {
+    for (const std::string& text : all) {
+      std::istringstream in(text);
+      std::string line;
+      while (std::getline(in, line)) {
+        const size_t tab = line.find('\t');
+        out.weight_map[line.substr(0, tab)] = line.substr(tab + 1);
+      }
+    }
+  }
+  return out;
+}
+
+void write_rank_shards(const std::string& dir, const RankShards& rs, const CausalLM& model,
+                       DType storage) {
+  for (size_t sh = 0; sh < rs.plan.size(); ++sh) {
+    NamedTensors shard;
+    for (size_t i : rs.plan[sh]) shard.push_back(rs.tensors[i]);
+    save_safetensors((fs::path(dir) / checkpoint_shard_name(rs.first + sh, rs.total)).string(),
+                     shard);
+  }
+  if (model.comm()->rank() == 0) {
+    save_checkpoint_index(dir, rs.weight_map, rs.total_size);
+    ModelConfig c = model.config();
+    c.torch_dtype = torch_dtype_name(storage);
+    save_model_config(c, (fs::path(dir) / "config.json").string());
+  }
+}
+
+// The whole model's weights (full fine-tuning) or LoRA adapter, gathered or
+// planned across ranks (collectives), then written by write() with no
+// collective: LoRA by rank 0 alone, weights by every rank.
+struct ModelWriter {
+  const CausalLM& model;
+  const TrainConfig& config;
+  DType adapter_dtype;
+  PeftLoraModules adapter;  // LoRA: every module (gathered)
+  std::optional<RankShards> shards;
+
+  ModelWriter(const CausalLM& m, const TrainConfig& c, DType adapter_storage)
+      : model(m), config(c), adapter_dtype(adapter_storage) {
+    if (config.lora) {
+      adapter = model.gather_lora_modules();
+    } else if (model.ep_ranks() > 1) {
+      shards = plan_rank_shards(model, model.dtype());
+    }
+  }
+
+  // with_config: a LoRA checkpoint also records the base model's config.json.
+  void write(const std::string& dir, bool with_config) const {
+    const bool rank0 = model.ep_ranks() == 1 || model.comm()->rank() == 0;
+    if (config.lora) {
+      if (!rank0) return;
+      save_peft_adapter(dir, to_peft_config(model.lora_config(), base_model_name(config)), adapter,
+                        adapter_dtype);
+      if (with_config) save_model_config(model.config(), (fs::path(dir) / "config.json").string());
+    } else if (shards) {
+      write_rank_shards(dir, *shards, model, model.dtype());
+    } else {
+      model.save_checkpoint(dir, model.dtype());
+    }
+  }
+};
+
+}  // namespace
+
+namespace {
+
+// Every rank's error text (empty: none); throws on every rank when one
+// failed. The failing rank rethrows its own exception; the others name it.
+void agree(Comm& comm, const std::exception_ptr& mine, const std::string& what,
+           const std::string& dir, const std::function<void()>& cleanup) {
+  std::string text;
+  if (mine) {
+    try {
+      std::rethrow_exception(mine);
+    } catch (const std::exception& e) {
+      text = e.what();
+    }
+    if (text.empty()) text = "unknown error";
+  }
+  const std::vector<std::string> all = comm.allgather_text(text, what);
+  for (int r = 0; r < comm.size(); ++r) {
+    if (all[size_t(r)].empty()) continue;
+    if (comm.rank() == 0) cleanup();
+    if (mine) std::rethrow_exception(mine);
+    throw Error(str_of("rank ", r, " could not write its part: ", all[size_t(r)]), dir,
+                "nothing was renamed into place; the previous checkpoints are intact");
+  }
+}
+
+// Renames `tmp` (fsynced) to `target`, replacing it, and fsyncs the parent.
+void move_into_place(const fs::path& tmp, const fs::path& target) {
+  for (const auto& entry : fs::recursive_directory_iterator(tmp)) fsync_path(entry.path());
+  fsync_path(tmp);
+  // A directory cannot be renamed over a non-empty one: move the old one
+  // aside first, so `dir` names either the old or the new, never a mix.
+  const fs::path parent = target.parent_path();
+  const fs::path old = parent / str_of(".", target.filename().string(), ".old-", ::getpid());
+  const bool replace = fs::exists(target);
+  if (replace) fs::rename(target, old);
+  fs::rename(tmp, target);
+  fsync_path(parent);
+  if (replace) fs::remove_all(old);
+}
+
+void write_dir_across_ranks(const std::string& dir,
+                            const std::function<void(const std::string&)>& write, Comm& comm) {
+  const fs::path target = fs::absolute(dir);
+  const fs::path parent = target.parent_path();
+  int64_t pid = ::getpid();  // rank 0's names the shared temporary directory
+  comm.broadcast(&pid, sizeof pid, 0, "checkpoint directory name");
+  const fs::path tmp = parent / str_of(".", target.filename().string(), ".tmp-", pid);
+  auto cleanup = [&] {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  };
+  auto attempt = [](const std::function<void()>& fn) {
+    try {
+      fn();
+      return std::exception_ptr();
+    } catch (...) {
+      return std::current_exception();
+    }
+  };
+  std::exception_ptr error;
+  if (comm.rank() == 0) {
+    error = attempt([&] {
+      fs::create_directories(parent);
+      fs::remove_all(tmp);
+      fs::create_directories(tmp);
+    });
+  }
+  agree(comm, error, "checkpoint directory created", dir, cleanup);
+  error = attempt([&] { write(tmp.string()); });
+  agree(comm, error, "checkpoint parts written", dir, cleanup);
+  if (comm.rank() == 0) error = attempt([&] { move_into_place(tmp, target); });
+  agree(comm, error, "checkpoint renamed into place", dir, cleanup);
+}
+
 }  // namespace
 
 void write_dir_atomically(const std::string& dir,
-                          const std::function<void(const std::string&)>& write) {
+                          const std::function<void(const std::string&)>& write, Comm* comm) {
+  if (comm && comm->size() > 1) {
+    write_dir_across_ranks(dir, write, *comm);
+    return;
+  }
   const fs::path target = fs::absolute(dir);
   const fs::path parent = target.parent_path();
   fs::create_directories(parent);
@@ -104,16 +302,7 @@ void write_dir_atomically(const std::string& dir,
   fs::create_directories(tmp);
   try {
     write(tmp.string());
-    for (const auto& entry : fs::recursive_directory_iterator(tmp)) fsync_path(entry.path());
-    fsync_path(tmp);
-    // A directory cannot be renamed over a non-empty one: move the old one
-    // aside first, so `dir` names either the old or the new, never a mix.
-    const fs::path old = parent / str_of(".", target.filename().string(), ".old-", ::getpid());
-    const bool replace = fs::exists(target);
-    if (replace) fs::rename(target, old);
-    fs::rename(tmp, target);
-    fsync_path(parent);
-    if (replace) fs::remove_all(old);
+    move_into_place(tmp, target);
   } catch (...) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
@@ -134,6 +323,8 @@ std::string resolve_checkpoint(const std::string& path) {
 std::string save_train_checkpoint(const std::string& out_dir, const CausalLM& model,
                                   const Trainer& trainer, const TrainConfig& config) {
   const std::string dir = (fs::path(out_dir) / checkpoint_dir_name(trainer.steps_done())).string();
+  Comm* comm = model.comm();
+  const int P = model.ep_ranks(), me = P > 1 ? comm->rank() : 0;
   const TrainerState state = trainer.state();
   const LrScheduleOptions& lr = trainer.schedule().options();
   json j = {
@@ -152,22 +343,40 @@ std::string save_train_checkpoint(const std::string& out_dir, const CausalLM& mo
         {"min_lr_ratio", lr.min_lr_ratio}}},
       {"config", config.to_json()},
       {"losses", state.losses},
+      {"ranks", P},
   };
-  write_dir_atomically(dir, [&](const std::string& tmp) {
-    if (config.lora) {
-      model.save_lora_adapter(tmp, lora_master_dtype(model.dtype()), base_model_name(config));
-      save_model_config(model.config(), (fs::path(tmp) / "config.json").string());
+  const ModelWriter weights(model, config, lora_master_dtype(model.dtype()));
+  // The optimizer state of what this rank holds; the replicated parameters'
+  // (equal on every rank) only from rank 0.
+  OptimizerState optimizer = trainer.optimizer().state_tensors();
+  if (me != 0) {
+    std::erase_if(optimizer, [](const auto& e) { return hf_expert_index(e.first) < 0; });
+  }
+  // The routing profile: a resumed run places experts from it at once.
+  std::optional<RoutingProfile> profile;
+  if (const DeviceTier* tier = model.device_tier()) {
+    if (P == 1) {
+      profile = tier->profile();
     } else {
-      model.save_checkpoint(tmp, model.dtype());
+      const std::vector<std::string> parts =
+          comm->allgather_text(tier->profile().to_json(), "routing profiles");
+      std::vector<RoutingProfile> ranks;
+      for (const std::string& t : parts) ranks.push_back(RoutingProfile::from_json(t, "rank"));
+      profile = RoutingProfile::join(ranks);
     }
-    save_safetensors((fs::path(tmp) / kOptimizerStateFile).string(),
-                     trainer.optimizer().state_tensors());
-    write_text(fs::path(tmp) / kTrainerStateFile, j.dump(1) + "\n");
-    // The routing profile: a resumed run places experts from it at once.
-    if (const DeviceTier* tier = model.device_tier()) {
-      tier->profile().save((fs::path(tmp) / kRoutingProfileFile).string());
-    }
-  });
+  }
+  write_dir_atomically(
+      dir,
+      [&](const std::string& tmp) {
+        weights.write(tmp, /*with_config=*/true);
+        save_safetensors(
+            (fs::path(tmp) / (P == 1 ? kOptimizerStateFile : optimizer_shard_name(me, P))).string(),
+            optimizer);
+        if (me != 0) return;
+        write_text(fs::path(tmp) / kTrainerStateFile, j.dump(1) + "\n");
+        if (profile) profile->save((fs::path(tmp) / kRoutingProfileFile).string());
+      },
+      comm);
   return dir;
 }
 
@@ -195,32 +404,62 @@ TrainCheckpoint read_train_checkpoint(const std::string& dir) {
     throw Error(str_of("malformed trainer state: ", e.what()), path.string(),
                 "the checkpoint is corrupt");
   }
-  const SafetensorsFile f = SafetensorsFile::open((fs::path(dir) / kOptimizerStateFile).string());
-  for (const SafetensorsEntry& e : f.entries()) ck.optimizer.emplace_back(e.name, f.view(e.name));
+  // One file, or one per rank of an expert-parallel run.
+  std::vector<fs::path> files;
+  if (fs::exists(fs::path(dir) / kOptimizerStateFile)) {
+    files.push_back(fs::path(dir) / kOptimizerStateFile);
+  } else {
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      if (is_optimizer_shard_name(entry.path().filename().string())) files.push_back(entry.path());
+    }
+    std::sort(files.begin(), files.end());
+    TIERMOE_CHECK(!files.empty(), "no optimizer state (optimizer.safetensors)", dir,
+                  "the checkpoint is incomplete");
+  }
+  for (const fs::path& file : files) {
+    const SafetensorsFile f = SafetensorsFile::open(file.string());
+    for (const SafetensorsEntry& e : f.entries()) ck.optimizer.emplace_back(e.name, f.view(e.name));
+  }
   const fs::path profile = fs::path(dir) / kRoutingProfileFile;
   if (fs::exists(profile)) ck.profile = RoutingProfile::load(profile.string());
   return ck;
 }
 
-CausalLM resume_model(const TrainCheckpoint& ck) {
+CausalLM resume_model(const TrainCheckpoint& ck, Comm* comm) {
   if (!ck.config.lora) {
     TrainConfig from = ck.config;
     from.model_dir = ck.dir;
-    return build_model(from);
+    return build_model(from, comm);
   }
   TrainConfig base = ck.config;
   base.lora_init = ck.dir;
-  return build_model(base);
+  return build_model(base, comm);
+}
+
+OptimizerState optimizer_state_for(const OptimizerState& all, const CausalLM& model) {
+  OptimizerState out;
+  for (const auto& [name, t] : all) {
+    const int64_t e = hf_expert_index(name);
+    if (e >= 0 && e < model.config().num_experts && !model.holds_expert(e)) continue;
+    out.emplace_back(name, t);
+  }
+  return out;
+}
+
+RoutingProfile profile_for(const RoutingProfile& all, const CausalLM& model) {
+  TIERMOE_CHECK(all.experts() == model.config().num_experts,
+                str_of("the routing profile has ", all.experts(), " experts per layer, the model ",
+                       model.config().num_experts),
+                kRoutingProfileFile, "the profile is of another model");
+  if (model.ep_ranks() == 1) return all;
+  return all.experts_slice(model.first_expert(), model.local_experts());
 }
 
 void export_final(const std::string& dir, const CausalLM& model, const TrainConfig& config) {
-  write_dir_atomically(dir, [&](const std::string& tmp) {
-    if (config.lora) {
-      model.save_lora_adapter(tmp, DType::f32, base_model_name(config));
-    } else {
-      model.save_checkpoint(tmp, model.dtype());
-    }
-  });
+  const ModelWriter weights(model, config, DType::f32);
+  write_dir_atomically(
+      dir, [&](const std::string& tmp) { weights.write(tmp, /*with_config=*/false); },
+      model.comm());
 }
 
 }  // namespace tiermoe

@@ -1,5 +1,6 @@
 #include "tiermoe/train/grad_clip.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -47,7 +48,8 @@ bool all_finite(const Tensor& g) {
   return true;
 }
 
-[[noreturn]] void throw_non_finite(std::span<const Parameter> params, double total) {
+[[noreturn]] void throw_non_finite(std::span<const Parameter> params, double total,
+                                   const Comm* comm) {
   for (const Parameter& p : params) {
     if (!all_finite(p.grad)) {
       throw Error(detail::str_of("non-finite gradient (NaN or Inf); global grad norm ", total),
@@ -56,24 +58,56 @@ bool all_finite(const Tensor& g) {
                   "clipping, or train in f32");
     }
   }
+  if (comm && comm->size() > 1) {
+    throw Error(detail::str_of("non-finite global grad norm (", total, "); rank ", comm->rank(),
+                               "'s gradients are finite"),
+                "gradient clipping", "another rank names the parameter");
+  }
   throw Error(detail::str_of("the global grad norm overflowed (", total, ") though every gradient is finite"),
               "gradient clipping", "the gradients are enormous: lower the learning rate");
 }
 
 }  // namespace
 
-double global_grad_norm(std::span<const Parameter> params) {
+double global_grad_norm(std::span<const Parameter> params, Comm* comm) {
   double sum = 0;
-  for (const Parameter& p : params) sum += grad_sum_of_squares(p);
+  // Expert e's sum is at [e - first]; this rank's experts are a contiguous range.
+  int64_t first = -1, last = -1;
+  for (const Parameter& p : params) {
+    if (p.expert < 0) continue;
+    first = first < 0 ? p.expert : std::min(first, p.expert);
+    last = std::max(last, p.expert);
+  }
+  std::vector<double> by_expert(first < 0 ? 0 : size_t(last - first + 1), 0.0);
+  for (const Parameter& p : params) {
+    if (p.expert < 0) {
+      sum += grad_sum_of_squares(p);
+    } else {
+      by_expert[size_t(p.expert - first)] += grad_sum_of_squares(p);
+    }
+  }
+  if (comm && comm->size() > 1) {
+    // Every rank holds as many experts, so the gather is rank (= expert) order.
+    const std::vector<int64_t> counts =
+        comm->allgather_value(int64_t(by_expert.size()), "grad norm expert count");
+    TIERMOE_ASSERT(std::all_of(counts.begin(), counts.end(),
+                               [&](int64_t c) { return c == int64_t(by_expert.size()); }),
+                   "ranks hold different expert counts");
+    std::vector<double> all(by_expert.size() * size_t(comm->size()));
+    comm->allgather(by_expert.data(), by_expert.size() * sizeof(double), all.data(),
+                    "grad norm per expert");
+    by_expert = std::move(all);
+  }
+  for (double s : by_expert) sum += s;
   double total = std::sqrt(sum);
-  if (!std::isfinite(total)) throw_non_finite(params, total);
+  if (!std::isfinite(total)) throw_non_finite(params, total, comm);
   return total;
 }
 
-double clip_grad_norm(std::span<Parameter> params, double max_norm) {
+double clip_grad_norm(std::span<Parameter> params, double max_norm, Comm* comm) {
   TIERMOE_CHECK(max_norm > 0 && !std::isnan(max_norm), detail::str_of("max norm ", max_norm),
                 "gradient clipping", "use a positive max norm (e.g. 1.0), or skip clipping");
-  double total = global_grad_norm(params);
+  double total = global_grad_norm(params, comm);
   double coef = max_norm / (total + 1e-6);
   if (coef < 1.0) {
     for (Parameter& p : params) {

@@ -75,6 +75,33 @@ json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
       {"step_time_s", s.seconds},
       {"memory_bytes", {{"live", bytes_by_tag(memory.live)}, {"peak", bytes_by_tag(memory.peak)}}}};
   if (s.tier) j["tier"] = tier_step_json(*s.tier);
+  if (s.comm) j["comm"] = comm_stats_json(*s.comm);
+  return j;
+}
+
+json comm_stats_json(const CommStats& s) {
+  const CommOpStats& a = s[CommOp::alltoallv];
+  const CommOpStats& g = s[CommOp::allgather];
+  return {{"alltoall_bytes", a.bytes_sent + a.bytes_received},
+          {"alltoall_s", a.seconds},
+          {"alltoall_calls", a.calls},
+          {"fold_bytes", g.bytes_sent + g.bytes_received},
+          {"fold_s", g.seconds}};
+}
+
+json comm_run_json(const CommStats& run, Comm& comm, int64_t steps) {
+  json j = comm_stats_json(run);
+  const CommOpStats& a = run[CommOp::alltoallv];
+  uint64_t all = 0;
+  for (int64_t b : comm.allgather_value(int64_t(a.bytes_sent + a.bytes_received), "comm totals")) {
+    all += uint64_t(b);
+  }
+  j["alltoall_bytes_all_ranks"] = all;
+  j["alltoall_bytes_per_step"] =
+      steps > 0 ? double(a.bytes_sent + a.bytes_received) / double(steps) : 0.0;
+  j["alltoall_s_per_step"] = steps > 0 ? a.seconds / double(steps) : 0.0;
+  j["ranks"] = comm.size();
+  j["transport"] = comm.name();
   return j;
 }
 

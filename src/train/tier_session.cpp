@@ -117,8 +117,9 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
   tc.host_threads = host_threads;
   tc.replan = config_.replan;
   if (!profile && !config_.profile_in.empty()) profile = RoutingProfile::load(config_.profile_in);
+  // With expert parallelism the tier runs this rank's experts only.
   tier_ = std::make_unique<DeviceTier>(*device_, tc, shape, model.num_moe_layers(),
-                                       model.config().num_experts, std::move(profile));
+                                       model.local_experts(), std::move(profile));
   device_->inject(config_.faults);
   model.attach_device_tier(*tier_);
   if (log && !tier_->any_device_capable()) {

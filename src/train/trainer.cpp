@@ -37,6 +37,11 @@ void TrainerOptions::validate() const {
                 str_of("AdamW betas (", adamw.beta1, ", ", adamw.beta2, ") must lie in [0, 1)"),
                 "--adam-beta1/--adam-beta2", "HF's defaults are 0.9 and 0.999");
   TIERMOE_CHECK(adamw.eps > 0, "--adam-eps must be positive", "--adam-eps", "HF's default is 1e-8");
+  TIERMOE_CHECK(ranks >= 1 && grad_accum % ranks == 0,
+                str_of("--grad-accum ", grad_accum, " is not a multiple of the ", ranks, " ranks"),
+                "--grad-accum",
+                str_of("each rank runs grad_accum / ranks micro-batches a step; pass --grad-accum ",
+                       ranks * ((grad_accum + ranks - 1) / ranks)));
   LrScheduleOptions s = schedule;
   s.total_steps = steps;
   LrSchedule check(s);  // throws on a bad warmup or min-lr ratio
@@ -48,6 +53,7 @@ std::vector<Parameter> trainable_parameters(CausalLM& model) {
     if (!p.requires_grad) continue;
     Parameter param = Parameter::wrap(p.name, p.value, p.grad);
     param.weight_decay = p.role != HfRole::norm && p.role != HfRole::bias;
+    param.expert = p.expert;
     out.push_back(std::move(param));
   }
   return out;
@@ -69,7 +75,7 @@ SamplerOptions sampler_for(const TrainerOptions& o) {
 
 Trainer::Trainer(CausalLM& model, const RowSource& data, TrainerOptions options)
     : model_(model),
-      options_((options.validate(), options)),
+      options_((options.ranks = model.ep_ranks(), options.validate(), options)),
       sampler_(data, sampler_for(options_)),
       schedule_(schedule_for(options_)),
       params_(trainable_parameters(model)) {
@@ -87,8 +93,21 @@ StepStats Trainer::accumulate_gradients() {
   zero_grads(params_);
   StepStats s;
   const int64_t B = options_.batch, L = options_.seq_len;
-  for (int64_t micro = 0; micro < options_.grad_accum; ++micro) {
-    TokenBatch batch = sampler_.next_batch(B);
+  Comm* comm = model_.comm();
+  const int P = model_.ep_ranks(), me = comm ? comm->rank() : 0;
+  const int64_t passes = options_.grad_accum / P;
+  for (int64_t pass = 0; pass < passes; ++pass) {
+    TokenBatch batch;
+    for (int r = 0; r < P; ++r) {
+      TokenBatch b = sampler_.next_batch(B);
+      if (r == me) batch = std::move(b);
+    }
+    if (pass > 0) {
+      // The replicated gradients are this micro-batch's alone (folded below).
+      for (Parameter& p : params_) {
+        if (p.expert < 0) p.grad.zero();
+      }
+    }
     const double loss =
         model_.forward(batch.inputs_BL, batch.targets_BL, B, L, /*grad=*/true, batch.layout);
     // The model names the first non-finite layer output; this catches what
@@ -96,10 +115,21 @@ StepStats Trainer::accumulate_gradients() {
     TIERMOE_CHECK(std::isfinite(loss), str_of("the loss is ", loss, " at step ", step_ + 1),
                   "trainer", "lower --lr or check the data and the checkpoint");
     model_.backward();
-    s.loss += loss;
-    s.ce += model_.last_loss().ce;
-    s.aux += model_.last_loss().aux;
-    s.tokens += B * L;
+    // The micro-batches' losses in micro-batch order, as one rank adds them.
+    const double mine[3] = {loss, model_.last_loss().ce, model_.last_loss().aux};
+    std::vector<double> all(size_t(3 * P));
+    if (comm && P > 1) {
+      comm->allgather(mine, sizeof mine, all.data(), "micro-batch losses");
+    } else {
+      std::copy(mine, mine + 3, all.begin());
+    }
+    for (int r = 0; r < P; ++r) {
+      s.loss += all[size_t(3 * r)];
+      s.ce += all[size_t(3 * r + 1)];
+      s.aux += all[size_t(3 * r + 2)];
+      s.tokens += B * L;
+    }
+    fold_replicated_grads(pass, passes);
   }
   const double n = double(options_.grad_accum);
   s.loss /= n;
@@ -110,20 +140,49 @@ StepStats Trainer::accumulate_gradients() {
   return s;
 }
 
+void Trainer::fold_replicated_grads(int64_t pass, int64_t passes) {
+  Comm* comm = model_.comm();
+  const int P = model_.ep_ranks();
+  if (P == 1 && passes == 1) return;  // one micro-batch: its gradient is the step's
+  if (passes > 1 && fold_acc_.empty()) {
+    for (const Parameter& p : params_) {
+      fold_acc_.push_back(
+          p.expert < 0 ? Tensor::empty(p.grad.shape(), p.grad.dtype(), MemTag::grads) : Tensor());
+    }
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    Parameter& p = params_[i];
+    if (p.expert >= 0) continue;  // an expert's gradient is whole on its owner
+    // One pass: the sum goes straight into the gradient (fold_sum gathers
+    // each chunk before it writes it back).
+    Tensor& acc = passes > 1 ? fold_acc_[i] : p.grad;
+    if (comm) {
+      comm->fold_sum(acc, p.grad, /*accumulate=*/pass > 0, p.name);
+    } else {
+      LocalComm local;
+      local.fold_sum(acc, p.grad, /*accumulate=*/pass > 0, p.name);
+    }
+    if (passes > 1 && pass == passes - 1) p.grad.copy_from(acc);
+  }
+}
+
 StepStats Trainer::step() {
   TIERMOE_CHECK(!finished(), str_of("the run has done all its ", options_.steps, " steps"),
                 "trainer", "raise --steps to train further");
   const auto start = std::chrono::steady_clock::now();
+  const CommStats comm_before = model_.comm() ? model_.comm()->stats() : CommStats();
   DeviceTier* tier = model_.device_tier();
   if (tier) tier->begin_step();
   StepStats s = accumulate_gradients();
-  s.grad_norm = options_.max_grad_norm > 0 ? clip_grad_norm(params_, options_.max_grad_norm)
-                                           : global_grad_norm(params_);
+  Comm* comm = model_.comm();
+  s.grad_norm = options_.max_grad_norm > 0 ? clip_grad_norm(params_, options_.max_grad_norm, comm)
+                                           : global_grad_norm(params_, comm);
   s.lr = schedule_.lr(step_);
   optimizer_->step(s.lr);
   // Between steps: updated expert weights go back to the device, the
   // routing profile advances and the placement may change.
   if (tier) s.tier = tier->end_step(/*weights_changed=*/true);
+  if (model_.ep_ranks() > 1) s.comm = model_.comm()->stats().since(comm_before);
   ++step_;
   s.step = step_;
   losses_.push_back(s.loss);

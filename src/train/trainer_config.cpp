@@ -133,10 +133,15 @@ int32_t pad_token_for(const ModelConfig& m) {
   return 0;
 }
 
-CausalLM random_model(const TrainConfig& c) {
+CausalLM random_model(const TrainConfig& c, Comm* comm) {
   const ModelConfig config = preset(c.preset, c.layers);
-  CausalLM model(config, c.dtype);
-  const std::vector<HfTensor> tensors = hf_tensors(config);
+  CausalLM model(config, c.dtype, comm);
+  // Each tensor's values depend only on (seed, name), so a rank holding some
+  // of the experts initialises exactly those.
+  std::vector<HfTensor> tensors = hf_tensors(config);
+  std::erase_if(tensors, [&](const HfTensor& t) {
+    return t.role == HfRole::expert && !model.holds_expert(t.expert);
+  });
   std::vector<ModelParam> params = model.params();
   TIERMOE_ASSERT(params.size() == tensors.size());
   for (size_t i = 0; i < params.size(); ++i) {
@@ -148,10 +153,10 @@ CausalLM random_model(const TrainConfig& c) {
 
 }  // namespace
 
-CausalLM build_model(const TrainConfig& c) {
+CausalLM build_model(const TrainConfig& c, Comm* comm) {
   c.validate();
-  CausalLM model =
-      c.model_dir.empty() ? random_model(c) : CausalLM::from_checkpoint(c.model_dir, c.dtype);
+  CausalLM model = c.model_dir.empty() ? random_model(c, comm)
+                                       : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm);
   model.set_lm_head_chunk(c.lm_head_chunk);
   model.set_moe_options(RematPolicy::parse(c.remat, "--remat"),
                         parse_absorb_scores(c.absorb, "--absorb-scores"));

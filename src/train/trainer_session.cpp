@@ -27,6 +27,10 @@ json TrainSummary::to_json() const {
   if (unigram_entropy) j["unigram_entropy"] = *unigram_entropy;
   if (!last_checkpoint.empty()) j["checkpoint"] = last_checkpoint;
   if (!final_export.empty()) j["export"] = final_export;
+  if (!comm.is_null()) {
+    for (const char* k : {"ranks", "alltoall_bytes", "alltoall_s"}) j[k] = comm.at(k);
+    j["comm"] = comm;
+  }
   if (!tier.is_null()) {
     // The contract's keys at the top level, the whole breakdown under "tier".
     for (const char* k : {"hot_fraction", "device_calls", "bytes_up", "bytes_down", "replacements"})
@@ -82,17 +86,24 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   TIERMOE_CHECK(control.stop_after >= 0, "--stop-after must be >= 0", "--stop-after",
                 "0 runs every step");
 
-  CausalLM model = ck ? resume_model(*ck) : build_model(config);
+  Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
+  CausalLM model = ck ? resume_model(*ck, comm) : build_model(config, comm);
   std::unique_ptr<MarkovCorpus> corpus;
   const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
   const RowSource& data = *rows;
   std::unique_ptr<TierSession> tier;
   if (config.tier.enabled()) {
-    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log,
-                                         ck ? ck->profile : std::nullopt);
+    // Profiles on disk cover every expert; this rank's tier takes its own.
+    std::optional<RoutingProfile> profile;
+    if (ck && ck->profile) {
+      profile = profile_for(*ck->profile, model);
+    } else if (!config.tier.profile_in.empty()) {
+      profile = profile_for(RoutingProfile::load(config.tier.profile_in), model);
+    }
+    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log, profile);
   }
   Trainer trainer(model, data, config.trainer);
-  if (ck) trainer.restore(ck->state, ck->optimizer);
+  if (ck) trainer.restore(ck->state, optimizer_state_for(ck->optimizer, model));
 
   TrainSummary out;
   if (corpus) {
@@ -119,6 +130,12 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
          << (ck ? str_of(", resumed at step ", trainer.steps_done(), " from ", ck->dir)
                 : std::string())
          << "\n";
+    if (comm) {
+      *log << str_of("train: ", comm->size(), " ranks over ", comm->name(), ": expert parallel (",
+                     model.local_experts(), " of ", model.config().num_experts,
+                     " experts per MoE layer on each), data parallel ", "(",
+                     t.grad_accum / comm->size(), " micro-batch(es) per rank per step)\n");
+    }
   }
 
   std::optional<MetricsWriter> metrics;
@@ -137,14 +154,17 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                                 : config.trainer.steps;
   std::vector<double> step_times;
   int64_t tokens_run = 0;
+  CommStats comm_run;
   const auto start = std::chrono::steady_clock::now();
   int64_t saved_step = trainer.steps_done();
   try {
     while (trainer.steps_done() < last_step) {
+      if (control.before_step) control.before_step(trainer.steps_done() + 1);
       const StepStats s = trainer.step();
       step_times.push_back(s.seconds);
       tokens_run += s.tokens;
       if (tier && s.tier) tier->record(*s.tier);
+      if (s.comm) comm_run.add(*s.comm);
       const double elapsed =
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (metrics) metrics->write(s, memory_snapshot());
@@ -179,8 +199,20 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   out.memory_peak = memory_snapshot().peak;
   if (tier) {
     out.tier = tier->summary_json();
-    tier->finish(log);
+    if (!comm) {
+      tier->finish(log);
+    } else if (!config.tier.profile_out.empty()) {
+      // Every rank's experts' profile, side by side, written once.
+      std::vector<RoutingProfile> parts;
+      for (const std::string& t :
+           comm->allgather_text(tier->tier().profile().to_json(), "routing profiles")) {
+        parts.push_back(RoutingProfile::from_json(t, "rank"));
+      }
+      if (comm->rank() == 0) RoutingProfile::join(parts).save(config.tier.profile_out);
+      if (log) *log << "tier: routing profile written to " << config.tier.profile_out << "\n";
+    }
   }
+  if (comm) out.comm = comm_run_json(comm_run, *comm, int64_t(step_times.size()));
   if (log) {
     *log << "train: " << step_times.size() << " steps in " << format_duration(out.seconds) << " ("
          << str_of(out.seconds) << " s), loss " << format_loss(out.final_loss, out.loss_floor)
@@ -188,6 +220,13 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     if (!out.last_checkpoint.empty()) *log << ", checkpoint " << out.last_checkpoint;
     if (!out.final_export.empty()) *log << ", exported " << out.final_export;
     *log << "\n";
+    if (comm) {
+      *log << str_of("comm: ", out.comm.at("alltoall_bytes").get<uint64_t>(),
+                     " all-to-all bytes sent and received by rank 0 (",
+                     out.comm.at("alltoall_bytes_all_ranks").get<uint64_t>(), " by all ranks), ",
+                     out.comm.at("alltoall_s").get<double>(), " s in all-to-alls, ",
+                     out.comm.at("fold_s").get<double>(), " s summing gradients\n");
+    }
     if (tier) {
       *log << str_of("tier: hot fraction ", out.tier.at("hot_fraction").get<double>(), ", ",
                      out.tier.at("device_calls").get<int64_t>(), " device calls, ",

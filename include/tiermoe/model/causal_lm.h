@@ -35,13 +35,15 @@
 #include <string_view>
 #include <vector>
 
+#include "tiermoe/dist/comm.h"
 #include "tiermoe/io/model_config.h"
-#include "tiermoe/moe/aux_loss.h"
+#include "tiermoe/io/safetensors.h"
 #include "tiermoe/model/decoder_layer.h"
 #include "tiermoe/model/lm_head.h"
 #include "tiermoe/model/token_layout.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/weight.h"
+#include "tiermoe/moe/aux_loss.h"
 #include "tiermoe/remat/policy.h"
 #include "tiermoe/tier/device_tier.h"
 
@@ -55,11 +57,18 @@ struct LossParts {
   int64_t targets = 0;        // counted targets
 };
 
+// Expert parallelism: a model built over a Comm of P > 1 ranks routes every
+// MoE layer's rows to the experts' owners (AllToAllDispatcher); this rank
+// holds experts [first_expert(), first_expert() + local_experts()) of each
+// layer (E / P of them) and everything that is not a routed expert. params()
+// and the checkpoint code see only what this rank holds. The Comm must
+// outlive the model.
 class CausalLM {
  public:
   // Zero weights (fill them through params(), or use from_checkpoint). The
-  // config must be one TierMoE implements (validated here).
-  CausalLM(ModelConfig config, DType compute);
+  // config must be one TierMoE implements (validated here); with a Comm of
+  // P ranks, P must divide the expert count.
+  CausalLM(ModelConfig config, DType compute, Comm* comm = nullptr);
   ~CausalLM();
   CausalLM(CausalLM&&) noexcept;
   CausalLM& operator=(CausalLM&&) noexcept;
@@ -67,14 +76,30 @@ class CausalLM {
   // Reads dir/config.json and the checkpoint's tensors (model.safetensors or
   // shards), per-expert or fused expert layout, converting the stored dtype
   // to `compute`. See checkpoint.h for what is rejected.
-  static CausalLM from_checkpoint(const std::string& dir, DType compute);
+  static CausalLM from_checkpoint(const std::string& dir, DType compute, Comm* comm = nullptr);
   // Writes config.json and the tensors under HF names in the per-expert
   // layout save_pretrained writes, in `storage` (default: the compute dtype).
+  // One rank only (an expert-parallel model's ranks write their parts
+  // together: train/checkpoint.h).
   void save_checkpoint(const std::string& dir, std::optional<DType> storage = std::nullopt,
                        uint64_t max_shard_bytes = 5'000'000'000ull) const;
+  // The tensors this rank holds under their HF names, in checkpoint order,
+  // in `storage` (views when already in it); only routed experts' with
+  // experts_only.
+  NamedTensors checkpoint_tensors(DType storage, bool experts_only) const;
 
   const ModelConfig& config() const { return config_; }
   DType dtype() const { return dtype_; }
+
+  // ---- expert parallelism (see the class comment)
+  Comm* comm() const { return comm_; }  // null: one rank
+  int ep_ranks() const { return dispatcher_->ranks(); }
+  int64_t local_experts() const { return config_.num_experts / ep_ranks(); }
+  int64_t first_expert() const { return local_experts() * dispatcher_->rank(); }
+  // Whether this rank holds expert e (an index among the layer's E).
+  bool holds_expert(int64_t e) const {
+    return e >= first_expert() && e < first_expert() + local_experts();
+  }
 
   // The loss of B x T tokens. With `grad` the forward keeps what backward()
   // needs; without it, backward() is an Error. The LM head and the loss run
@@ -144,8 +169,14 @@ class CausalLM {
   std::vector<ModelParam> lora_params();
   // PEFT adapter export: adapter_config.json and adapter_model.safetensors
   // with keys base_model.model.<module>.lora_A/B.weight, tensors in `storage`.
+  // With expert parallelism the experts' adapters are gathered from every
+  // rank first (a collective: every rank calls it; only one need write).
   void save_lora_adapter(const std::string& dir, DType storage = DType::f32,
                          const std::string& base_model_name_or_path = "") const;
+  // Every adapter module of the whole model by module path (views of this
+  // rank's, copies of the other ranks' experts'); a collective under expert
+  // parallelism when the experts carry adapters.
+  PeftLoraModules gather_lora_modules() const;
   // --lora-init DIR: enables LoRA from the adapter's own config when not
   // enabled yet (or checks that it matches the enabled one: rank, alpha,
   // rslora, targets), then loads every A and B. Every adapter module must
@@ -162,6 +193,7 @@ class CausalLM {
 
   ModelConfig config_;
   DType dtype_;
+  Comm* comm_ = nullptr;
   std::unique_ptr<Dispatcher> dispatcher_;
   Weight embed_;    // (V, D)
   std::vector<std::unique_ptr<DecoderLayer>> layers_;

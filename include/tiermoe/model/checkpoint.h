@@ -21,7 +21,13 @@
 //     silently ignoring weights would run a different model than the one on
 //     disk. The one exception is rotary_emb.inv_freq, a buffer old
 //     transformers versions saved, which is recomputed and skipped.
+//
+// With expert parallelism (a model built over a Comm of P ranks) a rank
+// loads the tensors of its own experts and skips the others' (fused layouts:
+// its rows of the stacked tensor); everything else is loaded on every rank.
+#include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "tiermoe/model/causal_lm.h"
 
@@ -29,5 +35,11 @@ namespace tiermoe {
 
 // Whether an on-disk tensor name is one the loader skips (recomputed buffers).
 bool is_ignored_checkpoint_tensor(const std::string& name);
+
+// The routed expert an HF tensor or module name belongs to: e in
+// "...experts.<e>.<proj>...", -1 for any other name (fused expert tensors
+// included). With expert parallelism a rank loads only its experts' tensors
+// and leaves the others' to their owners.
+int64_t hf_expert_index(std::string_view name);
 
 }  // namespace tiermoe

@@ -164,18 +164,26 @@ std::string_view expert_proj_name(ExpertProj p);  // "gate_proj", "up_proj", "do
 class ExpertLora {
  public:
   // `prefix` is the experts' module path, e.g. "model.layers.3.mlp.experts".
+  // With expert parallelism the adapters of experts [first_expert,
+  // first_expert + num_experts) of `total_experts` live here (index e here is
+  // expert first_expert + e in names); total_experts 0 means num_experts.
   ExpertLora(int64_t num_experts, int64_t hidden, int64_t ffn, const LoraConfig& config,
-             DType compute, std::string prefix);
+             DType compute, std::string prefix, int64_t first_expert = 0,
+             int64_t total_experts = 0);
 
   bool empty() const { return projs_.empty(); }  // no expert projection targeted
   bool has(ExpertProj p) const;
   const std::vector<ExpertProj>& projections() const { return projs_; }
-  int64_t num_experts() const { return num_experts_; }
+  int64_t num_experts() const { return num_experts_; }  // held here
+  int64_t first_expert() const { return first_expert_; }
   int64_t rank() const { return rank_; }
   double scaling() const { return scaling_; }
-  std::string module_path(ExpertProj p, int64_t e) const;  // "<prefix>.<e>.gate_proj"
+  // "<prefix>.<first_expert + e>.gate_proj"
+  std::string module_path(ExpertProj p, int64_t e) const;
 
-  void init(Rng& rng);  // experts in order, gate, up, down each
+  // Experts in order (all total_experts of them, so each gets the values a
+  // whole model would draw), gate, up, down each.
+  void init(Rng& rng);
   // Expert e's rows of projection p; the same contracts as lora_forward and
   // lora_backward (u_MR saved per projection and row block).
   void forward_rows(ExpertProj p, int64_t e, Tensor& y_MY, Tensor& u_MR, const Tensor& x_MI,
@@ -208,7 +216,7 @@ class ExpertLora {
   const Proj& proj(ExpertProj p) const;
   Proj& proj(ExpertProj p);
 
-  int64_t num_experts_, rank_;
+  int64_t num_experts_, first_expert_, total_experts_, rank_;
   double scaling_;
   std::string prefix_;
   std::vector<ExpertProj> projs_;

@@ -6,6 +6,10 @@
 //
 // The block owns its parts and the MoeLayer points into them, so it is
 // neither copied nor moved (DecoderLayer holds it by unique_ptr).
+//
+// Expert parallelism (an AllToAllDispatcher over P ranks): the router is
+// whole, the block holds experts [first_expert(), first_expert() + E/P) and
+// their LoRA adapters; the others live on the other ranks.
 #include <memory>
 #include <string>
 
@@ -39,7 +43,8 @@ class MoeBlock {
                 const Tensor& dlogits_extra_TE, bool accumulate = false);
 
   Router& router() { return router_; }
-  GroupedExperts& experts() { return experts_; }
+  GroupedExperts& experts() { return experts_; }          // this rank's (local index e)
+  int64_t first_expert() const { return first_expert_; }  // global index of local expert 0
   MoeLayer& layer() { return layer_; }
   HostExperts& host_executor() { return executor_; }
   // Runs the experts on `executor` (e.g. the device tier's) from the next forward.
@@ -61,6 +66,7 @@ class MoeBlock {
  private:
   Router router_;
   GroupedExperts experts_;
+  int64_t first_expert_, total_experts_;
   HostExperts executor_;
   MoeLayer layer_;
   bool router_grad_ = true;

@@ -48,6 +48,10 @@ struct ModelParam {
   Tensor value;
   Tensor grad;
   bool requires_grad = true;
+  // The expert it belongs to (a routed expert's weight or LoRA adapter), by
+  // its index in the layer; -1 for everything else. With expert parallelism
+  // only the expert's owner holds it, and its gradient is complete there.
+  int64_t expert = -1;
 };
 
 }  // namespace tiermoe

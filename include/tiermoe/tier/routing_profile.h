@@ -62,6 +62,13 @@ class RoutingProfile {
   static RoutingProfile synthetic(int64_t layers, int64_t experts, double total_rows_per_layer,
                                   double zipf_s, uint64_t seed);
 
+  // Expert parallelism: the profiles of the ranks' experts side by side
+  // (same layers and decay; rank order is expert order), and back: experts
+  // [first, first + count) of a whole profile. Pending rows are not carried;
+  // the joined drift is the largest part's.
+  static RoutingProfile join(const std::vector<RoutingProfile>& parts);
+  RoutingProfile experts_slice(int64_t first, int64_t count) const;
+
   bool operator==(const RoutingProfile&) const = default;
 
  private:

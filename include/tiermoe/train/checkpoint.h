@@ -13,11 +13,25 @@
 //   optimizer.safetensors             Optimizer::state_tensors()
 //   trainer_state.json                step, data position, seed, LR schedule, the run's
 //                                     config, losses so far
+//
+// Expert parallelism (P ranks): the checkpoint is still one directory,
+// written by all ranks together into one temporary directory that rank 0
+// renames into place once every rank has written its part (a rank that fails
+// makes every rank throw, and nothing is renamed). Rank r writes its
+// experts' weights (rank 0 everything else too) as shards of one Hugging
+// Face sharded checkpoint (model-0000i-of-0000n.safetensors + index), and
+// its optimizer state as optimizer-0000<r+1>-of-0000P.safetensors (only
+// rank 0 writes the replicated parameters' state). LoRA adapters are
+// gathered and written once, by rank 0, as is trainer_state.json and the
+// routing profile (the ranks' experts' profiles side by side). Any rank
+// count that divides the expert count resumes it (one rank included): each
+// rank reads its experts' tensors through the index and the optimizer files.
 #include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 
+#include "tiermoe/dist/comm.h"
 #include "tiermoe/model/causal_lm.h"
 #include "tiermoe/train/optimizer.h"
 #include "tiermoe/train/trainer.h"
@@ -34,9 +48,12 @@ std::string checkpoint_dir_name(int64_t step);  // "checkpoint-<step>"
 // Runs `write(tmp)` on a fresh temporary directory beside `dir`, fsyncs every
 // file in it, then renames it to `dir` (an existing `dir` is replaced) and
 // fsyncs the parent. On an exception the temporary directory is removed and
-// `dir` is untouched.
+// `dir` is untouched. With a Comm of P > 1 ranks every rank calls it and
+// writes its part into the same temporary directory; rank 0 renames it once
+// all have written, and a failure on any rank throws on every rank.
 void write_dir_atomically(const std::string& dir,
-                          const std::function<void(const std::string&)>& write);
+                          const std::function<void(const std::string&)>& write,
+                          Comm* comm = nullptr);
 
 // `path` itself when it holds trainer_state.json; otherwise the
 // checkpoint-<N> under it with the largest N. Error when there is none.
@@ -53,16 +70,22 @@ struct TrainCheckpoint {
   std::string dir;
   TrainConfig config;
   TrainerState state;
-  OptimizerState optimizer;
-  std::optional<RoutingProfile> profile;  // written by runs with a device tier
+  OptimizerState optimizer;  // every rank's parts (restore_optimizer_state picks a rank's)
+  std::optional<RoutingProfile> profile;  // written by runs with a device tier; all experts
 };
 TrainCheckpoint read_train_checkpoint(const std::string& dir);
 // Only the run config recorded in a checkpoint (cheap: no tensors).
 TrainConfig read_checkpoint_config(const std::string& dir);
 
 // The model of a checkpoint: full fine-tuning loads its weights; LoRA builds
-// the base model from the config and loads the checkpoint's adapter.
-CausalLM resume_model(const TrainCheckpoint& ckpt);
+// the base model from the config and loads the checkpoint's adapter. With a
+// Comm of P ranks, this rank's part of it.
+CausalLM resume_model(const TrainCheckpoint& ckpt, Comm* comm = nullptr);
+// The optimizer state of the parameters `model` holds: other ranks' experts'
+// entries are dropped (the optimizer then checks the rest strictly).
+OptimizerState optimizer_state_for(const OptimizerState& all, const CausalLM& model);
+// The routing profile of `model`'s experts (a slice under expert parallelism).
+RoutingProfile profile_for(const RoutingProfile& all, const CausalLM& model);
 
 // Exports the end of a run: the PEFT adapter (LoRA) or the full model, into
 // `dir`, atomically.

@@ -6,6 +6,9 @@
 //    "tokens": 1024, "tokens_per_s": 12345.6, "step_time_s": 0.083,
 //    "memory_bytes": {"live": {"weights": ..., ...}, "peak": {...}}}
 //
+// More than one rank adds "comm": {"alltoall_bytes": ..., "alltoall_s": ...,
+// "alltoall_calls": ..., "fold_bytes": ..., "fold_s": ...} (rank 0's).
+//
 // Memory is MemoryTracker::process() by tag (weights, grads, optimizer,
 // activations, saved, device).
 #include <array>
@@ -35,6 +38,13 @@ nlohmann::json bytes_by_tag(const std::array<size_t, kNumMemTags>& bytes);
 nlohmann::json tier_totals_json(const TierLayerStats& t);
 nlohmann::json tier_step_json(const TierStepStats& s);
 nlohmann::json step_metrics_json(const StepStats& s, const MemorySnapshot& memory);
+// This rank's collectives: the MoE layers' all-to-alls (bytes sent plus
+// received, seconds, calls) and the allgathers that sum the replicated
+// gradients, the losses and the norm ("fold_*").
+nlohmann::json comm_stats_json(const CommStats& s);
+// A run's totals for --json, with the all-to-all bytes of every rank added
+// up (an allgather: every rank calls it).
+nlohmann::json comm_run_json(const CommStats& run, Comm& comm, int64_t steps);
 
 class MetricsWriter {
  public:

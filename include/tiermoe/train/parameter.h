@@ -29,6 +29,11 @@ struct Parameter {
   // HF Trainer exempts biases and norm weights from weight decay; the model
   // clears this flag for them.
   bool weight_decay = true;
+  // A routed expert's parameter: the expert's index in its layer (-1 for
+  // any other). Under expert parallelism only its owner holds it and its
+  // gradient is complete there; every other parameter is replicated on
+  // every rank and its gradient is summed over them.
+  int64_t expert = -1;
 
   // A new parameter with zero working, master and grad tensors.
   static Parameter create(std::string name, Shape shape, DType dtype,

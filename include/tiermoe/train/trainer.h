@@ -9,11 +9,25 @@
 //   optimizer.step(lr(step))
 //
 // The reported loss of a step is the mean of its micro-batch losses, as HF's
-// Trainer logs it. Trainable parameters: with LoRA enabled, the adapters
-// (fp32 masters); otherwise every parameter that requires grad (full
-// fine-tuning; bf16 weights get fp32 masters through Parameter::wrap).
-// Norm weights and biases are exempt from weight decay, as HF's Trainer
-// exempts them.
+// Trainer logs it.
+//
+// Data and expert parallelism (a model built over a Comm of P ranks): the
+// step's grad_accum micro-batches are dealt out in passes of P, micro-batch
+// i * P + r to rank r in pass i (so grad_accum must be a multiple of P), and
+// every rank draws all of them from the sampler to stay at the same data
+// position. Within a pass the MoE layers send rows to the experts' owners,
+// which compute each source rank's rows on their own, in rank order: an
+// expert's gradient adds up exactly as on one rank running the micro-batches
+// one after another. Every other gradient (attention, norms, router,
+// embeddings, dense MLPs, LoRA on them) is replicated: each micro-batch's is
+// computed alone and the micro-batches' are added in micro-batch order
+// (Comm::fold_sum), on one rank as on P. So a run gives the same bits on any
+// number of ranks that divides the expert count and grad_accum.
+//
+// Trainable parameters: with LoRA enabled, the adapters (fp32 masters);
+// otherwise every parameter that requires grad (full fine-tuning; bf16
+// weights get fp32 masters through Parameter::wrap). Norm weights and
+// biases are exempt from weight decay, as HF's Trainer exempts them.
 //
 // The whole state a resumed run needs is the model's weights, the
 // optimizer's state_tensors() and TrainerState (step, data position,
@@ -50,6 +64,7 @@ struct TrainerOptions {
   LrScheduleOptions schedule;  // total_steps is taken from `steps`
   bool shuffle = true;         // the sampler reshuffles windows every epoch
   uint64_t data_seed = 0;      // the sampler's shuffle seed
+  int ranks = 1;               // data-parallel ranks (the Trainer sets it from the model)
 
   // Throws an Error naming the flag for a value out of range.
   void validate() const;
@@ -63,9 +78,12 @@ struct StepStats {
   double aux = 0;    // mean load-balancing loss (counted in `loss` only when the config says so)
   double lr = 0;     // the rate this update used
   double grad_norm = 0;  // pre-clip global norm
-  int64_t tokens = 0;    // tokens this step processed (B * L * grad_accum)
+  int64_t tokens = 0;    // tokens this step processed, all ranks (B * L * grad_accum)
   double seconds = 0;    // wall time of the step
   std::optional<TierStepStats> tier;  // with a device tier: what it did this step
+  // More than one rank: this rank's collectives in the step (the MoE
+  // layers' all-to-alls; the gradient fold and the norm's allgathers).
+  std::optional<CommStats> comm;
 };
 
 // What a checkpoint stores besides weights and optimizer state.
@@ -104,12 +122,16 @@ class Trainer {
   void restore(const TrainerState& state, const OptimizerState& optimizer_state);
 
  private:
+  // Adds this pass's replicated gradients into the step's, in rank order.
+  void fold_replicated_grads(int64_t pass, int64_t passes);
+
   CausalLM& model_;
   TrainerOptions options_;
   WindowSampler sampler_;
   LrSchedule schedule_;
   std::vector<Parameter> params_;
   std::unique_ptr<Optimizer> optimizer_;
+  std::vector<Tensor> fold_acc_;  // per parameter: the step's replicated gradient so far
   int64_t step_ = 0;
   std::vector<double> losses_;
 };

@@ -60,8 +60,9 @@ struct TrainConfig {
 // The model a run starts from: the checkpoint or the randomly initialised
 // preset, with the remat policy and absorption applied, and LoRA attached
 // (fresh from the seed, or from lora_init). Full fine-tuning leaves every
-// parameter trainable.
-CausalLM build_model(const TrainConfig& config);
+// parameter trainable. With a Comm of P > 1 ranks the model is expert
+// parallel (causal_lm.h): this rank builds and loads its experts only.
+CausalLM build_model(const TrainConfig& config, Comm* comm = nullptr);
 
 // The training rows, validated against the model's vocabulary: token
 // windows, or SFT rows (packed or padded with the config's pad token). With

@@ -12,6 +12,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
@@ -19,11 +20,16 @@
 #include <vector>
 
 #include "tiermoe/core/memory.h"
+#include "tiermoe/dist/comm.h"
 #include "tiermoe/train/trainer_config.h"
 
 namespace tiermoe {
 
 struct RunControl {
+  // Expert and data parallelism over the Comm's ranks (null or one rank:
+  // none). Every rank runs run_training with the same config; only rank 0
+  // logs, prints progress and writes --metrics (give `log` to rank 0 alone).
+  Comm* comm = nullptr;
   std::string out_dir{};        // checkpoints and the final export; empty: nothing written
   int64_t save_every = 0;       // a checkpoint every N steps (0: only at the end)
   int64_t stop_after = 0;       // stop once this many steps are done (0: run all steps)
@@ -32,6 +38,9 @@ struct RunControl {
   std::ostream* log = nullptr;  // progress and messages; null: silent
   bool progress_tty = false;
   int64_t progress_every = 0;
+  // Called before each step with its number (1-based); the CLI's fault
+  // injection for the tests of a failing rank. Empty: nothing.
+  std::function<void(int64_t)> before_step{};
 };
 
 struct TrainSummary {
@@ -47,6 +56,7 @@ struct TrainSummary {
   std::string last_checkpoint;            // empty when none was written
   std::string final_export;               // DIR/final or DIR/adapter; empty when not written
   nlohmann::json tier;                    // the device tier's totals; null without one
+  nlohmann::json comm;                    // more than one rank: the collectives' totals
 
   nlohmann::json to_json() const;
 };
