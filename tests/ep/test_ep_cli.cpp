@@ -1,0 +1,122 @@
+// `mpirun -np 2 tiermoe train --ep 2` as a user runs it: the same losses as
+// one process with the same flags, progress and --json from rank 0 alone,
+// the all-to-all figures in the summary; and a rank that dies, hangs or
+// fails makes the whole job exit non-zero with a message saying so, within
+// a bounded time.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "cli/cli_fixture.h"
+
+namespace tiermoe {
+namespace {
+
+class EpCli : public Cli {
+ protected:
+  // `mpirun -np P tiermoe <args>`, or `tiermoe <args>` with P = 0; the
+  // seconds it took in `seconds`.
+  RunResult run_ranks(int P, const std::vector<std::string>& args, double* seconds = nullptr) {
+    std::string cmd = P > 0 ? std::string(TIERMOE_MPIRUN) + " -np " + std::to_string(P) + " " : "";
+    cmd += std::string("'") + TIERMOE_CLI_PATH + "'";
+    for (const auto& a : args) cmd += " '" + a + "'";
+    // A hard bound on the test itself, should the job never end.
+    cmd = "timeout -k 5 240 " + cmd;
+    cmd += " >'" + path("stdout").string() + "' 2>'" + path("stderr").string() + "'";
+    const auto start = std::chrono::steady_clock::now();
+    const int status = std::system(cmd.c_str());
+    if (seconds) {
+      *seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
+    RunResult r;
+    r.rc = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    r.out = slurp(path("stdout"));
+    r.err = slurp(path("stderr"));
+    return r;
+  }
+
+  static std::vector<std::string> tiny(std::vector<std::string> more = {},
+                                       const std::string& grad_accum = "2") {
+    std::vector<std::string> a = {
+        "train", "--preset",  "tiny", "--steps",          "4",        "--batch",
+        "2",     "--seq-len", "16",   "--grad-accum",     grad_accum, "--corpus-tokens",
+        "4096",  "--threads", "1",    "--progress-every", "1"};
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  }
+
+  static int count(const std::string& text, const std::string& needle) {
+    int n = 0;
+    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
+      ++n;
+    return n;
+  }
+};
+
+TEST_F(EpCli, TwoRanksTrainTheOneRankModel) {
+  RunResult one = run_ranks(0, tiny({"--json"}));
+  ASSERT_EQ(one.rc, 0) << one.err;
+  RunResult two =
+      run_ranks(2, tiny({"--ep", "2", "--json", "--metrics", path("m.jsonl").string()}));
+  ASSERT_EQ(two.rc, 0) << two.err;
+  const nlohmann::json a = last_json_line(one.out), b = last_json_line(two.out);
+  EXPECT_EQ(a.at("losses"), b.at("losses"));
+  EXPECT_EQ(b.at("ranks"), 2);
+  EXPECT_GT(b.at("alltoall_bytes").get<double>(), 0);
+  EXPECT_GT(b.at("comm").at("alltoall_bytes_all_ranks").get<double>(),
+            b.at("alltoall_bytes").get<double>());
+  // Rank 0 alone speaks: one summary, one set of progress lines.
+  EXPECT_EQ(count(two.out, "\"losses\""), 1) << two.out;
+  EXPECT_EQ(count(two.err, "step 4/4"), 1) << two.err;
+  EXPECT_EQ(count(two.err, "full fine-tuning (every parameter"), 1) << two.err;
+  EXPECT_TRUE(contains(two.err, "2 ranks over mpi")) << two.err;
+  const std::string metrics = slurp(path("m.jsonl"));
+  EXPECT_EQ(count(metrics, "\"step\""), 4);
+  EXPECT_EQ(count(metrics, "\"alltoall_bytes\""), 4);
+}
+
+TEST_F(EpCli, EpMustMatchTheRanksStarted) {
+  RunResult r = run_ranks(0, tiny({"--ep", "2"}));
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(contains(r.err, "--ep 2 but 1 rank(s) were started")) << r.err;
+  r = run_ranks(2, tiny());
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(contains(r.err, "pass --ep 2")) << r.err;
+  r = run_ranks(2, tiny({"--ep", "2"}, /*grad_accum=*/"3"));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(contains(r.err, "not a multiple of the 2 ranks")) << r.err;
+}
+
+TEST_F(EpCli, AKilledRankEndsTheJobWithAMessage) {
+  double seconds = 0;
+  RunResult r = run_ranks(
+      2, tiny({"--ep", "2", "--inject-fault", "kill:1:2", "--comm-timeout", "20"}), &seconds);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 60);
+  EXPECT_TRUE(contains(r.err, "injected fault 'kill'")) << r.err;
+  // mpirun names the dead rank; the survivor says why it stops.
+  EXPECT_TRUE(contains(r.err, "rank 1") && contains(r.err, "signal 9")) << r.err;
+}
+
+TEST_F(EpCli, AHungRankTimesOutTheOthers) {
+  double seconds = 0;
+  RunResult r = run_ranks(
+      2, tiny({"--ep", "2", "--inject-fault", "hang:1:2", "--comm-timeout", "5"}), &seconds);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 60);
+  EXPECT_TRUE(contains(r.err, "error: rank 0 of 2")) << r.err;
+  EXPECT_TRUE(contains(r.err, "did not complete within 5 s")) << r.err;
+}
+
+TEST_F(EpCli, AnErrorOnOneRankStopsEveryRank) {
+  double seconds = 0;
+  RunResult r = run_ranks(2, tiny({"--ep", "2", "--inject-fault", "error:1:3"}), &seconds);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 60);
+  EXPECT_TRUE(contains(r.err, "error: rank 1 of 2: injected error")) << r.err;
+}
+
+}  // namespace
+}  // namespace tiermoe

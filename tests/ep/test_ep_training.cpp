@@ -1,0 +1,155 @@
+// Whole training steps with expert and data parallelism over the job's ranks
+// against the same run on one rank (grad_accum micro-batches one after
+// another): every step's loss, grad norm, every gradient this rank holds and
+// every weight after the update, bitwise; full fine-tuning and LoRA (on the
+// attention, or on the experts too), absorbed scores and not, f64 and f32,
+// under remat, and with a device tier (the CPU backend) on every rank. (The
+// device tier runs in f64 here: on CPUs whose f32 GEMM is not row-count
+// invariant, bucket padding alone changes f32 bits, with or without ranks;
+// tests/tier holds that comparison.)
+#include <gtest/gtest.h>
+
+#include <map>
+#include <string>
+
+#include "common/testing.h"
+#include "ep/ep_env.h"
+#include "tiermoe/tier/cost_model.h"
+#include "tiermoe/train/tier_session.h"
+#include "tiermoe/train/trainer_config.h"
+
+namespace tiermoe {
+namespace {
+
+using testing::all_ranks;
+using testing::bitwise_equal;
+using testing::ep_comm;
+
+struct Case {
+  const char* name;
+  DType dtype;
+  const char* lora_targets;  // nullptr: full fine-tuning
+  const char* absorb;
+  const char* remat;
+  bool device_tier;
+};
+
+TrainConfig tiny_run(const Case& k) {
+  TrainConfig c;
+  c.preset = "tiny";
+  c.dtype = k.dtype;
+  c.seed = 5;
+  c.corpus_tokens = 4096;
+  c.absorb = k.absorb;
+  c.remat = k.remat;
+  c.trainer.steps = 3;
+  c.trainer.batch = 2;
+  c.trainer.seq_len = 16;
+  c.trainer.grad_accum = 2 * ep_comm().size();  // two passes on every rank
+  c.trainer.schedule.base_lr = 1e-2;
+  c.trainer.schedule.warmup_steps = 0;
+  c.trainer.max_grad_norm = 0.5;  // clips: the norm must agree for the update to
+  if (k.lora_targets) {
+    LoraConfig l;
+    l.targets = parse_lora_targets(k.lora_targets);
+    c.lora = l;
+  }
+  c.trainer.data_seed = c.seed;
+  return c;
+}
+
+// The CPU device with room for a few experts: some of this rank's rows run
+// there, the rest on the host, in the same step.
+TierRunConfig cpu_tier(const TrainConfig& run) {
+  const ModelConfig m = preset(run.preset);
+  const ExpertShape shape{m.hidden_size, m.moe_intermediate_size, run.dtype};
+  const TrainMode mode = run.lora ? TrainMode::lora : TrainMode::full;
+  TierRunConfig t;
+  t.device = "cpu";
+  t.device_memory =
+      bytes_workspace(shape, ExpertsConfig{}.dw_row_block) + 3 * bytes_resident(shape, mode);
+  t.placement = "device";
+  t.device_threads = 1;
+  CostModel cost;
+  cost.host_flops_per_s = 1e9;
+  cost.device_flops_per_s = 1e11;
+  cost.link_bytes_per_s = 1e10;
+  cost.launch_s = 1e-6;
+  cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
+  t.cost = cost;
+  return t;
+}
+
+std::map<std::string, const Parameter*> by_name(const std::vector<Parameter>& params) {
+  std::map<std::string, const Parameter*> m;
+  for (const Parameter& p : params) m[p.name] = &p;
+  return m;
+}
+
+class EpTraining : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EpTraining, StepsEqualOneRankBitwise) {
+  const Case& k = GetParam();
+  Comm& comm = ep_comm();
+  const TrainConfig config = tiny_run(k);
+  config.validate();
+  const TokenWindows data = build_data(config, preset(config.preset).vocab_size);
+
+  CausalLM one = build_model(config);
+  Trainer one_trainer(one, data, config.trainer);
+  CausalLM ep = build_model(config, &comm);
+  ASSERT_EQ(ep.ep_ranks(), comm.size());
+  std::unique_ptr<TierSession> tier;
+  if (k.device_tier) {
+    tier = std::make_unique<TierSession>(cpu_tier(config), ep, !config.lora, nullptr);
+  }
+  Trainer ep_trainer(ep, data, config.trainer);
+
+  const auto want = by_name(one_trainer.parameters());
+  int64_t expert_params = 0, device_rows = 0;
+  for (const Parameter& p : ep_trainer.parameters()) expert_params += p.expert >= 0;
+  for (int64_t step = 1; step <= config.trainer.steps; ++step) {
+    const StepStats a = one_trainer.step();
+    const StepStats b = ep_trainer.step();
+    EXPECT_EQ(a.loss, b.loss) << "step " << step;
+    EXPECT_EQ(a.grad_norm, b.grad_norm) << "step " << step;
+    EXPECT_EQ(a.tokens, b.tokens);
+    if (b.tier) device_rows += b.tier->total.device_rows;
+    bool ok = true;
+    for (const Parameter& p : ep_trainer.parameters()) {
+      ASSERT_TRUE(want.contains(p.name)) << p.name;
+      const Parameter& q = *want.at(p.name);
+      ok &= bool(bitwise_equal(p.grad, q.grad, p.name + " grad, step " + std::to_string(step)));
+      ok &= bool(bitwise_equal(p.value, q.value, p.name + " after step " + std::to_string(step)));
+      EXPECT_TRUE(bitwise_equal(p.grad, q.grad, p.name + " grad"));
+      EXPECT_TRUE(bitwise_equal(p.value, q.value, p.name));
+    }
+    EXPECT_TRUE(all_ranks(ok)) << "step " << step;
+  }
+  // This rank holds its share of the experts' parameters and all the others.
+  int64_t one_expert_params = 0;
+  for (const Parameter& p : one_trainer.parameters()) one_expert_params += p.expert >= 0;
+  EXPECT_EQ(expert_params * comm.size(), one_expert_params);
+  EXPECT_EQ(ep_trainer.parameters().size() - size_t(expert_params),
+            one_trainer.parameters().size() - size_t(one_expert_params));
+  if (k.device_tier) {
+    EXPECT_GT(device_rows, 0) << "no rows ran on the device tier";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    , EpTraining,
+    ::testing::Values(Case{"f64_full_absorbed", DType::f64, nullptr, "auto", "none", false},
+                      Case{"f64_full_postcombine", DType::f64, nullptr, "off", "none", false},
+                      Case{"f32_full_remat", DType::f32, nullptr, "auto", "full", false},
+                      Case{"f32_lora_attention", DType::f32, "q_proj,v_proj", "auto", "none",
+                           false},
+                      Case{"f64_lora_experts", DType::f64, "q_proj,gate_proj,up_proj,down_proj",
+                           "off", "default", false},
+                      Case{"f64_full_device_tier", DType::f64, nullptr, "auto", "none", true},
+                      Case{"f64_lora_device_tier", DType::f64, "q_proj,k_proj,v_proj,o_proj", "off",
+                           "full", true}),
+    [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
+
+}  // namespace
+}  // namespace tiermoe
