@@ -2,11 +2,13 @@
 // a skewed routing), timed forward / forward + dx (LoRA, frozen experts) /
 // forward + dx + dW (full fine-tuning), with what its forward kept for
 // backward under a remat policy. --json prints one object on the last line.
+#include <algorithm>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/dist/mpi_comm.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/moe/bench.h"
 #include "tiermoe/remat/policy.h"
@@ -15,6 +17,8 @@
 namespace tiermoe::cli {
 
 namespace {
+
+using detail::str_of;
 
 struct BenchMoeOptions {
   std::string preset = "qwen3-30b-a3b";
@@ -27,9 +31,18 @@ struct BenchMoeOptions {
   double zipf = 1.0;
   uint64_t seed = 0;
   bool json = false;
+  int ep = 0;  // ranks (under mpirun); 0: not given
 };
 
-void run_bench_moe_layer(const BenchMoeOptions& o) {
+void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
+  const int ranks = mpi ? mpi->size() : 1;
+  TIERMOE_CHECK((o.ep == 0 && ranks == 1) || o.ep == ranks,
+                str_of("--ep ", o.ep, " with ", ranks, " rank(s) started"), "--ep",
+                "start it as mpirun -np N tiermoe bench moe-layer --ep N");
+  const bool rank0 = !mpi || mpi->rank() == 0;
+  if (o.threads <= 0 && mpi && mpi->local_size() > 1) {
+    set_num_threads(std::max(1, default_num_threads() / mpi->local_size()));
+  }
   const ModelConfig cfg = preset(o.preset, std::nullopt);
   TIERMOE_CHECK(cfg.num_experts > 0, "preset '" + o.preset + "' has no MoE layers", "--preset",
                 "pick a MoE preset");
@@ -52,13 +65,21 @@ void run_bench_moe_layer(const BenchMoeOptions& o) {
   opt.warmup = o.warmup;
   opt.threads = o.threads;
   opt.seed = o.seed;
+  opt.comm = mpi && mpi->size() > 1 ? mpi : nullptr;
 
-  std::cerr << "bench moe-layer: " << o.preset << " (E " << opt.experts << ", K " << opt.top_k
-            << ", D " << opt.hidden << ", F " << opt.ffn << "), T " << opt.tokens << ", "
-            << o.dtype << ", mode " << o.mode << ", remat " << policy.name() << ", "
-            << (o.threads > 0 ? o.threads : num_threads()) << " threads, " << opt.warmup
-            << " warm-up + " << opt.iters << " timed iterations\n";
+  if (rank0) {
+    std::cerr << "bench moe-layer: " << o.preset << " (E " << opt.experts << ", K " << opt.top_k
+              << ", D " << opt.hidden << ", F " << opt.ffn << "), T " << opt.tokens << ", "
+              << o.dtype << ", mode " << o.mode << ", remat " << policy.name() << ", "
+              << (o.threads > 0 ? o.threads : num_threads()) << " threads, " << opt.warmup
+              << " warm-up + " << opt.iters << " timed iterations"
+              << (ranks > 1 ? str_of(", ", ranks, " ranks (E ", opt.experts / ranks, " each, T ",
+                                     opt.tokens, " each)")
+                            : std::string())
+              << "\n";
+  }
   const MoeBenchResult r = run_moe_layer_bench(opt);
+  if (!rank0) return;
 
   SavedTensorsReport report(policy.name());
   report.add_moe_layer(r.layer_name, r.saved);
@@ -68,6 +89,9 @@ void run_bench_moe_layer(const BenchMoeOptions& o) {
               << "step time       " << r.seconds << " s (median)\n"
               << "absorbed scores " << (r.absorbed ? "yes" : "no") << "\n"
               << "expert rows     " << r.min_expert_rows << " .. " << r.max_expert_rows << "\n"
+              << (ranks > 1 ? str_of("all-to-all      ", r.alltoall_bytes, " bytes in ",
+                                     r.alltoall_s, " s (rank 0, one iteration)\n")
+                            : std::string())
               << "retained        " << r.retained_bytes << " bytes ("
               << format_bytes(r.retained_bytes) << ")\n\n"
               << report.to_table();
@@ -79,6 +103,22 @@ void run_bench_moe_layer(const BenchMoeOptions& o) {
   j["remat"] = policy.name();
   j["saved_tensors"] = nlohmann::json::parse(report.to_json());
   std::cout << j.dump() << "\n";
+}
+
+void run_bench_moe_layer(const BenchMoeOptions& o) {
+  if (!launched_by_mpirun()) {
+    run_bench_moe_layer_on(o, nullptr);
+    return;
+  }
+  MpiComm mpi(/*timeout_s=*/600);
+  try {
+    run_bench_moe_layer_on(o, &mpi);
+  } catch (const std::exception& e) {
+    if (mpi.size() == 1) throw;
+    std::cerr << "error: rank " << mpi.rank() << " of " << mpi.size() << ": " << e.what()
+              << std::endl;
+    mpi.abort(1);
+  }
 }
 
 }  // namespace
@@ -115,6 +155,9 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   moe->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   moe->add_flag("--json", o->json, "Print one JSON object on stdout");
+  moe->add_option("--ep", o->ep,
+                  "Expert parallelism over N ranks (mpirun -np N): each rank runs --tokens "
+                  "tokens of its own through E/N of the experts");
   moe->callback([o] { run_bench_moe_layer(*o); });
 }
 

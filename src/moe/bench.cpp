@@ -4,12 +4,14 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <sstream>
 #include <vector>
 
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
+#include "tiermoe/moe/alltoall.h"
 
 namespace tiermoe {
 
@@ -36,8 +38,9 @@ std::string MoeBenchResult::to_json() const {
      << ", \"threads\": " << threads << ", \"absorbed\": " << (absorbed ? "true" : "false")
      << ", \"seconds\": " << seconds << ", \"tokens_per_s\": " << tokens_per_s
      << ", \"tflops\": " << tflops << ", \"retained_bytes\": " << retained_bytes
-     << ", \"max_expert_rows\": " << max_expert_rows
-     << ", \"min_expert_rows\": " << min_expert_rows << "}";
+     << ", \"max_expert_rows\": " << max_expert_rows << ", \"min_expert_rows\": " << min_expert_rows
+     << ", \"ranks\": " << ranks << ", \"alltoall_bytes\": " << alltoall_bytes
+     << ", \"alltoall_s\": " << alltoall_s << "}";
   return os.str();
 }
 
@@ -64,6 +67,10 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
                 "bench needs tokens >= 1 and iters >= 1", "bench moe-layer", "");
   if (opt.threads > 0) set_num_threads(opt.threads);
   const int64_t T = opt.tokens, E = opt.experts, K = opt.top_k, D = opt.hidden, F = opt.ffn;
+  const int P = opt.comm ? opt.comm->size() : 1, me = opt.comm ? opt.comm->rank() : 0;
+  TIERMOE_CHECK(E % P == 0, detail::str_of(E, " experts over ", P, " ranks"), "bench moe-layer",
+                "run a number of ranks that divides the expert count");
+  const int64_t El = E / P;
   Rng rng(opt.seed);
 
   RouterConfig rc;
@@ -71,17 +78,19 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
   rc.norm_topk_prob = true;
   Router router(rc, opt.dtype, "bench.router");
   ExpertsConfig ec;
-  ec.num_experts = E, ec.hidden = D, ec.ffn = F;
+  ec.num_experts = El, ec.hidden = D, ec.ffn = F;  // this rank's experts
   GroupedExperts experts(ec, opt.dtype, "bench.experts");
   fill_tiled(experts.param("w13"), rng, 0.02);
   fill_tiled(experts.param("w2"), rng, 0.02);
   HostExperts host(experts);
+  // Every rank routes with the same router, over tokens of its own.
+  Rng token_rng(opt.seed + 1000 + uint64_t(me));
 
   // Skew: hidden unit 0 of every token is a constant 1, and the router reads
   // log(zipf prior) from it, so logits = noise + log p_e over a random
   // permutation of ranks; the rest of W is ordinary noise.
   Tensor x = Tensor::empty({T, D}, opt.dtype);
-  fill_normal(x, rng, 0.0, 1.0);
+  fill_normal(x, token_rng, 0.0, 1.0);
   for (int64_t t = 0; t < T; ++t) x.set(t * D, 1.0);
   Tensor& w = router.param("weight");
   fill_normal(w, rng, 0.0, 0.02);
@@ -92,10 +101,13 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
     w.set(e * D, -opt.zipf_exponent * std::log(double(rank[size_t(e)] + 1)));
   }
   Tensor dout = Tensor::empty({T, D}, opt.dtype);
-  fill_normal(dout, rng, 0.0, 1.0);
+  fill_normal(dout, token_rng, 0.0, 1.0);
   Tensor dx = Tensor::empty({T, D}, opt.dtype);
 
-  LocalDispatcher dispatcher;
+  LocalDispatcher local;
+  std::unique_ptr<AllToAllDispatcher> alltoall;
+  if (P > 1) alltoall = std::make_unique<AllToAllDispatcher>(*opt.comm);
+  const Dispatcher& dispatcher = alltoall ? static_cast<const Dispatcher&>(*alltoall) : local;
   MoeLayerConfig lc;
   lc.absorb_scores = opt.absorb_scores;
   lc.name = "bench.moe";
@@ -109,9 +121,15 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
   r.threads = num_threads();
   r.absorbed = layer.absorbs_scores();
   r.layer_name = lc.name;
+  r.ranks = P;
   const bool weight_grads = opt.mode == MoeBenchMode::full;
   std::vector<double> times;
+  std::vector<std::pair<uint64_t, double>> a2a;  // per timed iteration: bytes, seconds
   for (int it = 0; it < opt.warmup + opt.iters; ++it) {
+    // Ranks start each iteration together, so a rank's collectives time the
+    // exchange rather than another rank's head start.
+    if (opt.comm) opt.comm->barrier("bench iteration");
+    const CommStats before = opt.comm ? opt.comm->stats() : CommStats();
     auto start = std::chrono::steady_clock::now();
     MoeSaved saved;
     layer.forward(x, saved, weight_grads);
@@ -123,13 +141,27 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
     }
     if (opt.mode != MoeBenchMode::fwd) layer.backward(dx, dout, saved);
     double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    if (it >= opt.warmup) times.push_back(s);
+    // The slowest rank's time is the layer's.
+    if (opt.comm) {
+      for (double t : opt.comm->allgather_value(s, "bench time")) s = std::max(s, t);
+    }
+    if (it >= opt.warmup) {
+      times.push_back(s);
+      const CommOpStats d =
+          opt.comm ? opt.comm->stats().since(before)[CommOp::alltoallv] : CommOpStats();
+      a2a.emplace_back(d.bytes_sent + d.bytes_received, d.seconds);
+    }
   }
-  std::sort(times.begin(), times.end());
-  r.seconds = times[times.size() / 2];
+  std::vector<double> sorted = times;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t median_at =
+      size_t(std::find(times.begin(), times.end(), sorted[sorted.size() / 2]) - times.begin());
+  r.seconds = times[median_at];
+  r.alltoall_bytes = a2a[median_at].first;
+  r.alltoall_s = a2a[median_at].second;
   const double passes = opt.mode == MoeBenchMode::fwd ? 1 : opt.mode == MoeBenchMode::lora ? 2 : 3;
-  const double flops = passes * 6.0 * double(T * K) * double(D) * double(F);
-  r.tokens_per_s = double(T) / r.seconds;
+  const double flops = passes * 6.0 * double(T * K * P) * double(D) * double(F);
+  r.tokens_per_s = double(T * P) / r.seconds;
   r.tflops = flops / r.seconds / 1e12;
   return r;
 }

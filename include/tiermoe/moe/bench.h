@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tiermoe/core/dtype.h"
+#include "tiermoe/dist/comm.h"
 #include "tiermoe/moe/moe_layer.h"
 
 namespace tiermoe {
@@ -28,6 +29,10 @@ struct MoeBenchOptions {
   int warmup = 1, iters = 3;
   int threads = 0;             // 0 = the process default
   uint64_t seed = 0;
+  // Expert parallelism: P > 1 ranks of this Comm each run `tokens` tokens of
+  // their own (seed + rank) through one layer whose experts are split over
+  // them (E / P each, an AllToAllDispatcher). Null: one rank, all experts.
+  Comm* comm = nullptr;
 };
 
 struct MoeBenchResult {
@@ -42,6 +47,13 @@ struct MoeBenchResult {
   std::string layer_name;    // the layer's regions are "<layer_name>.<region>"
   std::vector<MoeSavedItem> saved;  // one forward's retained tensors (the remat report's rows)
   int64_t max_expert_rows = 0, min_expert_rows = 0;
+  // Expert parallelism: the ranks, and this rank's all-to-alls in one
+  // iteration (forward and, unless fwd, backward): bytes sent plus
+  // received, and seconds inside the collectives (median iteration's).
+  // tokens_per_s and tflops then count every rank's tokens.
+  int ranks = 1;
+  uint64_t alltoall_bytes = 0;
+  double alltoall_s = 0;
 
   std::string to_json() const;  // one object with the keys above
 };
