@@ -45,25 +45,25 @@ ExpertExchange AllToAllDispatcher::exchange(const DispatchPlan& plan, std::strin
   ex.ranks = P;
   ex.rank = comm_->rank();
   ex.local_experts = El;
-  ex.send_rows_P.resize(size_t(P));
+  ex.send_rows_W.resize(size_t(P));
   for (int r = 0; r < P; ++r) {
-    ex.send_rows_P[size_t(r)] = plan.offset_E[size_t((r + 1) * El)] - plan.offset_E[size_t(r * El)];
+    ex.send_rows_W[size_t(r)] = plan.offset_E[size_t((r + 1) * El)] - plan.offset_E[size_t(r * El)];
   }
   // Rank r's experts' counts are the r-th run of El entries of count_E.
-  ex.recv_count_PL.assign(size_t(P * El), 0);
+  ex.recv_count_WEl.assign(size_t(P * El), 0);
   const std::vector<size_t> block(static_cast<size_t>(P), size_t(El) * sizeof(int64_t));
-  comm_->alltoallv(plan.count_E.data(), block, ex.recv_count_PL.data(), block,
+  comm_->alltoallv(plan.count_E.data(), block, ex.recv_count_WEl.data(), block,
                    str_of(what, " expert counts"));
-  ex.segment_P.assign(size_t(P) + 1, 0);
+  ex.segment_W.assign(size_t(P) + 1, 0);
   for (int s = 0; s < P; ++s) {
     int64_t rows = 0;
     for (int64_t e = 0; e < El; ++e) {
-      const int64_t c = ex.recv_count_PL[size_t(s * El + e)];
+      const int64_t c = ex.recv_count_WEl[size_t(s * El + e)];
       TIERMOE_CHECK(c >= 0, str_of("rank ", s, " sends ", c, " rows for local expert ", e),
                     std::string(what), "the ranks disagree about the exchange; a corrupt message?");
       rows += c;
     }
-    ex.segment_P[size_t(s) + 1] = ex.segment_P[size_t(s)] + rows;
+    ex.segment_W[size_t(s) + 1] = ex.segment_W[size_t(s)] + rows;
   }
   return ex;
 }
@@ -74,14 +74,14 @@ Tensor AllToAllDispatcher::to_experts(const Tensor& rows, const ExpertExchange& 
   if (P == 1) return rows;
   const int64_t N = rows.size(0);
   int64_t sent = 0;
-  for (int64_t r : ex.send_rows_P) sent += r;
+  for (int64_t r : ex.send_rows_W) sent += r;
   TIERMOE_CHECK(sent == N, str_of(what, ": ", N, " rows to send, the exchange plans ", sent),
                 name(), "pass the rows of the plan the exchange was made from");
   const size_t rb = row_bytes(rows);
   std::vector<size_t> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
   for (int r = 0; r < P; ++r) {
-    send[size_t(r)] = size_t(ex.send_rows_P[size_t(r)]) * rb;
-    recv[size_t(r)] = size_t(ex.segment_P[size_t(r) + 1] - ex.segment_P[size_t(r)]) * rb;
+    send[size_t(r)] = size_t(ex.send_rows_W[size_t(r)]) * rb;
+    recv[size_t(r)] = size_t(ex.segment_W[size_t(r) + 1] - ex.segment_W[size_t(r)]) * rb;
   }
   Tensor out =
       Tensor::empty(with_rows(rows, ex.received_rows()), rows.dtype(), MemTag::activations, mem);
@@ -101,9 +101,9 @@ Tensor AllToAllDispatcher::from_experts(const Tensor& rows, const ExpertExchange
   int64_t N = 0;
   std::vector<size_t> send(static_cast<size_t>(P)), recv(static_cast<size_t>(P));
   for (int r = 0; r < P; ++r) {
-    send[size_t(r)] = size_t(ex.segment_P[size_t(r) + 1] - ex.segment_P[size_t(r)]) * rb;
-    recv[size_t(r)] = size_t(ex.send_rows_P[size_t(r)]) * rb;
-    N += ex.send_rows_P[size_t(r)];
+    send[size_t(r)] = size_t(ex.segment_W[size_t(r) + 1] - ex.segment_W[size_t(r)]) * rb;
+    recv[size_t(r)] = size_t(ex.send_rows_W[size_t(r)]) * rb;
+    N += ex.send_rows_W[size_t(r)];
   }
   Tensor out = Tensor::empty(with_rows(rows, N), rows.dtype(), MemTag::activations, mem);
   comm_->alltoallv(rows.raw(), send, out.raw(), recv, what);

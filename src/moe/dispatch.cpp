@@ -70,7 +70,7 @@ DispatchPlan build_plan(const std::vector<int32_t>& ids_TK, const Tensor& weight
 std::vector<int64_t> ExpertExchange::segment_offsets(int s) const {
   std::vector<int64_t> off(size_t(local_experts) + 1, 0);
   for (int64_t e = 0; e < local_experts; ++e) {
-    off[size_t(e) + 1] = off[size_t(e)] + recv_count_PL[size_t(s * local_experts + e)];
+    off[size_t(e) + 1] = off[size_t(e)] + recv_count_WEl[size_t(s * local_experts + e)];
   }
   return off;
 }
@@ -78,9 +78,9 @@ std::vector<int64_t> ExpertExchange::segment_offsets(int s) const {
 ExpertExchange Dispatcher::exchange(const DispatchPlan& plan, std::string_view what) const {
   ExpertExchange ex;
   ex.local_experts = plan.E;
-  ex.send_rows_P = {plan.N};
-  ex.recv_count_PL = plan.count_E;
-  ex.segment_P = {0, plan.N};
+  ex.send_rows_W = {plan.N};
+  ex.recv_count_WEl = plan.count_E;
+  ex.segment_W = {0, plan.N};
   return ex;
 }
 

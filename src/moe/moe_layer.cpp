@@ -44,7 +44,7 @@ MoeRegion region_of(const SavedTensors& record, const MoeSaved& saved, const std
   }
   if (name == "y_ND") return MoeRegion::combine;
   if (name == "score_N") return saved.absorbed ? MoeRegion::w2 : MoeRegion::combine;
-  if (name == "score_R") return MoeRegion::w2;
+  if (name == "score_S") return MoeRegion::w2;
   return MoeRegion::router;
 }
 
@@ -162,7 +162,7 @@ std::string MoeLayer::segment_record_name(int source) const {
 
 Tensor MoeLayer::received_scores(const MoeSaved& saved) const {
   if (!saved.absorbed) return Tensor();
-  return saved.layer.has("score_R") ? saved.layer.get("score_R") : saved.layer.get("score_N");
+  return saved.layer.has("score_S") ? saved.layer.get("score_S") : saved.layer.get("score_N");
 }
 
 MemoryTracker& MoeLayer::tracker() const {
@@ -212,26 +212,26 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   saved.exchange = dispatcher_->exchange(plan, cfg_.name);
   const ExpertExchange& ex = saved.exchange;
   const bool exchanges = ex.ranks > 1;
-  Tensor x_RD = dispatcher_->to_experts(x_ND, ex, mem, cfg_.name + " dispatch");
-  Tensor score_R =
+  Tensor x_SD = dispatcher_->to_experts(x_ND, ex, mem, cfg_.name + " dispatch");
+  Tensor score_S =
       absorbed_ ? dispatcher_->to_experts(plan.score_N, ex, mem, cfg_.name + " dispatch scores")
                 : Tensor();
   counters_.count_run(MoeRegion::dispatch);
   if (exchanges) counters_.count_exchange(MoeRegion::dispatch, /*replay=*/false);
   // w13, act, w2: each source rank's rows on their own, in rank order
-  Tensor y_RD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
+  Tensor y_SD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
   for (int s = 0; s < ex.ranks; ++s) {
     saved.routed.emplace_back(segment_record_name(s), mem);
-    const int64_t b = ex.segment_P[size_t(s)], e = ex.segment_P[size_t(s) + 1];
-    Tensor y = y_RD.rows(b, e);
-    experts_->forward(y, x_RD.rows(b, e), ex.segment_offsets(s),
-                      absorbed_ ? score_R.rows(b, e) : Tensor(), saved.routed.back(),
+    const int64_t b = ex.segment_W[size_t(s)], e = ex.segment_W[size_t(s) + 1];
+    Tensor y = y_SD.rows(b, e);
+    experts_->forward(y, x_SD.rows(b, e), ex.segment_offsets(s),
+                      absorbed_ ? score_S.rows(b, e) : Tensor(), saved.routed.back(),
                       saved.remat.routed_keep);
   }
   for (MoeRegion r : {MoeRegion::w13, MoeRegion::act, MoeRegion::w2}) counters_.count_run(r);
   // combine: the results come back, then the only place its body runs
   // (never replayed)
-  Tensor y_ND = dispatcher_->from_experts(y_RD, ex, mem, cfg_.name + " combine");
+  Tensor y_ND = dispatcher_->from_experts(y_SD, ex, mem, cfg_.name + " combine");
   if (exchanges) counters_.count_exchange(MoeRegion::combine, /*replay=*/false);
   Tensor out_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
   combine_forward(out_TD, y_ND, plan, absorbed_);
@@ -255,7 +255,7 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   if (routing.probs_TE.defined()) saved.layer.save("probs_TE", routing.probs_TE);
   saved.layer.save("weights_TK", routing.weights_TK);
   saved.layer.save("score_N", plan.score_N);
-  if (absorbed_ && exchanges) saved.layer.save("score_R", score_R);
+  if (absorbed_ && exchanges) saved.layer.save("score_S", score_S);
   if (!absorbed_) saved.layer.save("y_ND", y_ND);
   saved.routing = std::move(routing);
   return out_TD;
@@ -265,31 +265,31 @@ void MoeLayer::replay_routed(std::vector<SavedTensors>& routed, const MoeSaved& 
   const MoeRematPlan& rp = saved.remat;
   const DispatchPlan& plan = saved.plan;
   const ExpertExchange& ex = saved.exchange;
-  Tensor x_RD;  // defined when the dispatch is replayed
+  Tensor x_SD;  // defined when the dispatch is replayed
   if (rp.replay_dispatch) {
     Tensor x_ND = Tensor::empty({plan.N, experts_->hidden()}, experts_->dtype(),
                                 MemTag::activations, tracker());
     permute_forward(x_ND, saved.layer.get("x_TD"), plan);
-    x_RD = dispatcher_->to_experts(x_ND, ex, tracker(), cfg_.name + " dispatch (replay)");
+    x_SD = dispatcher_->to_experts(x_ND, ex, tracker(), cfg_.name + " dispatch (replay)");
     counters_.count_replay(MoeRegion::dispatch);
     if (ex.ranks > 1) counters_.count_exchange(MoeRegion::dispatch, /*replay=*/true);
     if (saved.weight_grads || saved.adapter_grads) {
       for (int s = 0; s < ex.ranks; ++s) {
         routed[size_t(s)].save("x_ND",
-                               x_RD.rows(ex.segment_P[size_t(s)], ex.segment_P[size_t(s) + 1]));
+                               x_SD.rows(ex.segment_W[size_t(s)], ex.segment_W[size_t(s) + 1]));
       }
     }
   }
   if (!rp.routed_replay.any()) return;
-  const Tensor score_R = received_scores(saved);
+  const Tensor score_S = received_scores(saved);
   for (int s = 0; s < ex.ranks; ++s) {
-    const int64_t b = ex.segment_P[size_t(s)], e = ex.segment_P[size_t(s) + 1];
+    const int64_t b = ex.segment_W[size_t(s)], e = ex.segment_W[size_t(s) + 1];
     SavedTensors& record = routed[size_t(s)];
-    const Tensor x = x_RD.defined()       ? x_RD.rows(b, e)
+    const Tensor x = x_SD.defined()       ? x_SD.rows(b, e)
                      : record.has("x_ND") ? record.get("x_ND")
                                           : Tensor();
     experts_->replay(record, x, ex.segment_offsets(s),
-                     score_R.defined() ? score_R.rows(b, e) : Tensor(), rp.routed_replay);
+                     score_S.defined() ? score_S.rows(b, e) : Tensor(), rp.routed_replay);
   }
   if (rp.routed_replay.w13) counters_.count_replay(MoeRegion::w13);
   if (rp.routed_replay.act) counters_.count_replay(MoeRegion::act);
@@ -326,31 +326,31 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   Tensor dscore_N = Tensor::zeros({plan.N}, score_N.dtype(), MemTag::activations, mem);
   combine_backward(dy_ND, dscore_N, dout_TD, saved.absorbed ? Tensor() : saved.layer.get("y_ND"),
                    plan, saved.absorbed);
-  Tensor dy_RD = dispatcher_->to_experts(dy_ND, ex, mem, cfg_.name + " combine backward");
+  Tensor dy_SD = dispatcher_->to_experts(dy_ND, ex, mem, cfg_.name + " combine backward");
   if (exchanges) counters_.count_backward_exchange(MoeRegion::combine);
   // w2, act, w13 (after rebuilding what forward did not keep), each source
   // rank's rows on their own, in rank order: the expert weight gradients
   // add up in the order one rank's micro-batches would add them
   std::vector<SavedTensors> routed = saved.routed;
   replay_routed(routed, saved);
-  const Tensor score_R = received_scores(saved);
-  Tensor dx_RD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
-  Tensor dscore_R = saved.absorbed ? Tensor::zeros({ex.received_rows()}, score_N.dtype(),
+  const Tensor score_S = received_scores(saved);
+  Tensor dx_SD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
+  Tensor dscore_S = saved.absorbed ? Tensor::zeros({ex.received_rows()}, score_N.dtype(),
                                                    MemTag::activations, mem)
                                    : Tensor();
   for (int s = 0; s < ex.ranks; ++s) {
-    const int64_t b = ex.segment_P[size_t(s)], e = ex.segment_P[size_t(s) + 1];
-    Tensor dx = dx_RD.rows(b, e);
-    Tensor ds = saved.absorbed ? dscore_R.rows(b, e) : Tensor();
-    experts_->backward(dx, ds, dy_RD.rows(b, e), ex.segment_offsets(s),
-                       saved.absorbed ? score_R.rows(b, e) : Tensor(), routed[size_t(s)],
+    const int64_t b = ex.segment_W[size_t(s)], e = ex.segment_W[size_t(s) + 1];
+    Tensor dx = dx_SD.rows(b, e);
+    Tensor ds = saved.absorbed ? dscore_S.rows(b, e) : Tensor();
+    experts_->backward(dx, ds, dy_SD.rows(b, e), ex.segment_offsets(s),
+                       saved.absorbed ? score_S.rows(b, e) : Tensor(), routed[size_t(s)],
                        saved.weight_grads, saved.adapter_grads);
   }
   // dispatch: dx (and absorbed d scores) back to the rows' source
-  Tensor dx_ND = dispatcher_->from_experts(dx_RD, ex, mem, cfg_.name + " dispatch backward");
+  Tensor dx_ND = dispatcher_->from_experts(dx_SD, ex, mem, cfg_.name + " dispatch backward");
   if (saved.absorbed) {
     dscore_N =
-        dispatcher_->from_experts(dscore_R, ex, mem, cfg_.name + " dispatch backward scores");
+        dispatcher_->from_experts(dscore_S, ex, mem, cfg_.name + " dispatch backward scores");
   }
   if (exchanges) counters_.count_backward_exchange(MoeRegion::dispatch);
   permute_backward(dx_TD, dx_ND, plan, accumulate);

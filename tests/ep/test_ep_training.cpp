@@ -2,11 +2,8 @@
 // against the same run on one rank (grad_accum micro-batches one after
 // another): every step's loss, grad norm, every gradient this rank holds and
 // every weight after the update, bitwise; full fine-tuning and LoRA (on the
-// attention, or on the experts too), absorbed scores and not, f64 and f32,
-// under remat, and with a device tier (the CPU backend) on every rank. (The
-// device tier runs in f64 here: on CPUs whose f32 GEMM is not row-count
-// invariant, bucket padding alone changes f32 bits, with or without ranks;
-// tests/tier holds that comparison.)
+// attention, or on the experts too), absorbed scores and not, f64, f32 and bf16,
+// under remat, and with a device tier (the CPU backend) on every rank.
 #include <gtest/gtest.h>
 
 #include <map>
@@ -147,6 +144,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"f64_lora_experts", DType::f64, "q_proj,gate_proj,up_proj,down_proj",
                            "off", "default", false},
                       Case{"f64_full_device_tier", DType::f64, nullptr, "auto", "none", true},
+                      Case{"f32_full_device_tier", DType::f32, nullptr, "auto", "none", true},
+                      Case{"bf16_full_device_tier", DType::bf16, nullptr, "auto", "default", true},
                       Case{"f64_lora_device_tier", DType::f64, "q_proj,k_proj,v_proj,o_proj", "off",
                            "full", true}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });

@@ -1,6 +1,6 @@
 #pragma once
 // AllToAllDispatcher: expert parallelism over a Comm (dist/comm.h). The E
-// experts are split evenly over the P ranks; each rank plans its own tokens
+// experts are split evenly over the W ranks; each rank plans its own tokens
 // (expert-major, as a local dispatcher would), then
 //   exchange():     the per-expert row counts of rank r's experts go to r
 //                   (an all-to-all of El counts per pair of ranks);

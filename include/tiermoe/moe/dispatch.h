@@ -34,22 +34,22 @@ struct DispatchPlan {
 };
 
 // Where a plan's rows are computed. With expert parallelism the E experts
-// are split evenly over P ranks (rank r owns experts [r*El, (r+1)*El), El =
-// E/P). A rank sends the rows of rank r's experts (contiguous in its
+// are split evenly over W ranks (rank r owns experts [r*El, (r+1)*El), El =
+// E/W). A rank sends the rows of rank r's experts (contiguous in its
 // expert-major plan) to r, and receives from every source rank s the rows
-// of its own experts: the received rows are source-major, one segment per
-// source, each expert-major over the local experts. The owner computes each
-// segment on its own (the same rows, in the same order, as source s's
-// micro-batch would give one rank), so results do not depend on P.
+// of its own experts: S rows in all, source-major, one segment per source,
+// each expert-major over the local experts. The owner computes each segment
+// on its own (the same rows, in the same order, as source s's micro-batch
+// would give one rank), so results do not depend on W.
 // Without expert parallelism there is one segment: the plan's rows.
 struct ExpertExchange {
-  int ranks = 1, rank = 0;
-  int64_t local_experts = 0;           // El
-  std::vector<int64_t> send_rows_P;    // plan rows sent to rank r
-  std::vector<int64_t> recv_count_PL;  // rows of local expert e from source s, [s * El + e]
-  std::vector<int64_t> segment_P;      // first received row of source s; P+1 entries
+  int ranks = 1, rank = 0;              // W, and this rank
+  int64_t local_experts = 0;            // El
+  std::vector<int64_t> send_rows_W;     // plan rows sent to rank r
+  std::vector<int64_t> recv_count_WEl;  // rows of local expert e from source s, at s * El + e
+  std::vector<int64_t> segment_W;       // first received row of source s; W+1 entries
 
-  int64_t received_rows() const { return segment_P.back(); }
+  int64_t received_rows() const { return segment_W.back(); }  // S
   // Source s's local offsets: El+1 entries from 0 to the segment's rows.
   std::vector<int64_t> segment_offsets(int s) const;
 };
@@ -69,8 +69,8 @@ class Dispatcher {
   // The exchange layout of a plan (expert-parallel dispatchers exchange the
   // per-expert counts: a collective). `what` names the layer in errors.
   virtual ExpertExchange exchange(const DispatchPlan& plan, std::string_view what) const;
-  // Rows (first dimension) to the experts' owners: plan rows -> received
-  // rows; and back: received rows -> plan rows. Collectives when P > 1;
+  // Rows (first dimension) to the experts' owners: plan rows (N) ->
+  // received rows (S); and back: S -> N. Collectives when W > 1;
   // without expert parallelism both return `rows` itself.
   virtual Tensor to_experts(const Tensor& rows, const ExpertExchange& ex, MemoryTracker& mem,
                             std::string_view what) const;

@@ -56,7 +56,7 @@ struct MoeSavedItem {
 // region each belongs to is items()'s business:
 //   layer   x_TD, logits_TE, probs_TE, weights_TK (router), score_N (w2 when
 //           absorbed, else combine), y_ND (combine, post-combine only);
-//           with expert parallelism and absorbed scores score_R, the scores
+//           with expert parallelism and absorbed scores score_S, the scores
 //           of the rows this rank's experts received (w2)
 //   routed  one record per source segment of the received rows (one
 //           without expert parallelism): x_ND (dispatch), h_N2F (w13), a_NF
