@@ -77,6 +77,27 @@ TEST_F(EpCli, TwoRanksTrainTheOneRankModel) {
   EXPECT_EQ(count(metrics, "\"alltoall_bytes\""), 4);
 }
 
+TEST_F(EpCli, DeviceTierOnEveryRankWithOneRoutingProfile) {
+  const std::vector<std::string> tier = {"--device", "cpu", "--device-memory", "64MiB",
+                                         "--placement", "device", "--device-threads", "1"};
+  std::vector<std::string> args = tier;
+  args.insert(args.end(), {"--ep", "2", "--json", "--profile-out", path("p.json").string()});
+  RunResult two = run_ranks(2, tiny(args));
+  ASSERT_EQ(two.rc, 0) << two.err;
+  RunResult one = run_ranks(0, tiny({"--json"}));
+  ASSERT_EQ(one.rc, 0) << one.err;
+  EXPECT_EQ(last_json_line(two.out).at("losses"), last_json_line(one.out).at("losses"));
+  EXPECT_GT(last_json_line(two.out).at("device_calls").get<int64_t>(), 0);
+  // One profile of all 8 experts, written once; the ranks each place theirs from it.
+  const nlohmann::json profile = nlohmann::json::parse(slurp(path("p.json")));
+  EXPECT_EQ(profile.at("experts"), 8);
+  args = tier;
+  args.insert(args.end(), {"--ep", "2", "--json", "--profile-in", path("p.json").string()});
+  RunResult again = run_ranks(2, tiny(args));
+  ASSERT_EQ(again.rc, 0) << again.err;
+  EXPECT_EQ(last_json_line(again.out).at("losses"), last_json_line(one.out).at("losses"));
+}
+
 TEST_F(EpCli, EpMustMatchTheRanksStarted) {
   RunResult r = run_ranks(0, tiny({"--ep", "2"}));
   EXPECT_EQ(r.rc, 1);
