@@ -3,7 +3,8 @@
 // another): every step's loss, grad norm, every gradient this rank holds and
 // every weight after the update, bitwise; full fine-tuning and LoRA (on the
 // attention, or on the experts too), absorbed scores and not, f64, f32 and bf16,
-// under remat, and with a device tier (the CPU backend) on every rank.
+// under remat, with a device tier (the CPU backend) on every rank, and on
+// SFT rows (packed, or padded).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -29,6 +30,8 @@ struct Case {
   const char* absorb;
   const char* remat;
   bool device_tier;
+  const char* sft_data = nullptr;  // under tests/data: SFT JSON Lines instead of the corpus
+  bool pack = true;
 };
 
 TrainConfig tiny_run(const Case& k) {
@@ -46,6 +49,10 @@ TrainConfig tiny_run(const Case& k) {
   c.trainer.schedule.base_lr = 1e-2;
   c.trainer.schedule.warmup_steps = 0;
   c.trainer.max_grad_norm = 0.5;  // clips: the norm must agree for the update to
+  if (k.sft_data) {
+    c.data_file = std::string(TIERMOE_TEST_DATA_DIR) + "/" + k.sft_data;
+    c.pack = k.pack;
+  }
   if (k.lora_targets) {
     LoraConfig l;
     l.targets = parse_lora_targets(k.lora_targets);
@@ -90,17 +97,17 @@ TEST_P(EpTraining, StepsEqualOneRankBitwise) {
   Comm& comm = ep_comm();
   const TrainConfig config = tiny_run(k);
   config.validate();
-  const TokenWindows data = build_data(config, preset(config.preset).vocab_size);
+  const std::unique_ptr<RowSource> data = build_data(config, preset(config.preset));
 
   CausalLM one = build_model(config);
-  Trainer one_trainer(one, data, config.trainer);
+  Trainer one_trainer(one, *data, config.trainer);
   CausalLM ep = build_model(config, &comm);
   ASSERT_EQ(ep.ep_ranks(), comm.size());
   std::unique_ptr<TierSession> tier;
   if (k.device_tier) {
     tier = std::make_unique<TierSession>(cpu_tier(config), ep, !config.lora, nullptr);
   }
-  Trainer ep_trainer(ep, data, config.trainer);
+  Trainer ep_trainer(ep, *data, config.trainer);
 
   const auto want = by_name(one_trainer.parameters());
   int64_t expert_params = 0, device_rows = 0;
@@ -147,7 +154,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"f32_full_device_tier", DType::f32, nullptr, "auto", "none", true},
                       Case{"bf16_full_device_tier", DType::bf16, nullptr, "auto", "default", true},
                       Case{"f64_lora_device_tier", DType::f64, "q_proj,k_proj,v_proj,o_proj", "off",
-                           "full", true}),
+                           "full", true},
+                      Case{"f32_full_sft_packed", DType::f32, nullptr, "auto", "none", false,
+                           "model/sft/data.jsonl", true},
+                      Case{"f64_lora_sft_padded", DType::f64, "q_proj,gate_proj", "off", "none",
+                           false, "model/sft/data.jsonl", false}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace
