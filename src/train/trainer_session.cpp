@@ -140,7 +140,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
 
   std::optional<MetricsWriter> metrics;
   if (!control.metrics_file.empty())
-    metrics.emplace(control.metrics_file, /*append=*/ck.has_value());
+    metrics.emplace(control.metrics_file, /*append=*/ck.has_value(),
+                    MetricsRunInfo{config.trainer.steps, out.loss_floor});
   std::optional<ProgressPrinter> progress;
   if (log) {
     progress.emplace(*log, ProgressOptions{.total_steps = config.trainer.steps,

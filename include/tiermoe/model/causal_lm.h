@@ -130,6 +130,8 @@ class CausalLM {
 
   int64_t num_layers() const { return int64_t(layers_.size()); }
   DecoderLayer& layer(int64_t i) { return *layers_[size_t(i)]; }
+  // Every layer's times added up (forward and backward so far).
+  LayerTimes layer_times() const;
 
   // ---- remat and score absorption
   // Applies the policy's MoE view (RematPolicy::moe_keep) and the absorption
