@@ -87,7 +87,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                 "0 runs every step");
 
   Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
-  CausalLM model = ck ? resume_model(*ck, comm) : build_model(config, comm);
+  const ProgressSink loading{log, control.progress_tty};
+  CausalLM model = ck ? resume_model(*ck, comm, loading) : build_model(config, comm, loading);
   std::unique_ptr<MarkovCorpus> corpus;
   const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
   const RowSource& data = *rows;
@@ -100,7 +101,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     } else if (!config.tier.profile_in.empty()) {
       profile = profile_for(RoutingProfile::load(config.tier.profile_in), model);
     }
-    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log, profile);
+    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log, profile,
+                                         control.progress_tty);
   }
   Trainer trainer(model, data, config.trainer);
   if (ck) trainer.restore(ck->state, optimizer_state_for(ck->optimizer, model));
