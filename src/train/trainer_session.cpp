@@ -87,6 +87,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                 "0 runs every step");
 
   Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
+  const bool is_rank0 = !comm || comm->rank() == 0;
   const ProgressSink loading{log, control.progress_tty};
   CausalLM model = ck ? resume_model(*ck, comm, loading) : build_model(config, comm, loading);
   std::unique_ptr<MarkovCorpus> corpus;
@@ -175,6 +176,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
       if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
         out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
         saved_step = s.step;
+        if (control.after_checkpoint && is_rank0) control.after_checkpoint(out.last_checkpoint);
       }
     }
   } catch (...) {
@@ -187,6 +189,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   if (!control.out_dir.empty()) {
     if (saved_step != trainer.steps_done()) {
       out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
+      if (control.after_checkpoint && is_rank0) control.after_checkpoint(out.last_checkpoint);
     }
     if (trainer.finished()) {
       out.final_export = (fs::path(control.out_dir) / (config.lora ? "adapter" : "final")).string();
