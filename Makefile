@@ -3,7 +3,7 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build run test test-sanitize bench fresh-check clean
+.PHONY: all deps build run test test-sanitize bench report-check fresh-check clean
 
 all: build
 
@@ -34,6 +34,12 @@ test-sanitize: deps
 
 bench: build
 	$(BUILD)/tiermoe_bench --benchmark_counters_tabular=true
+
+# The run report of a short real training run, rendered in headless Chromium
+# (installed when missing) to $(BUILD)/report-check/report-{light,dark}.png;
+# fails on a console error or a missing chart. Not part of `make test`.
+report-check: build
+	@scripts/report_check.sh $(BUILD)
 
 # The README's set-up (`make run`, `make test`) on a fresh Debian 12 root built
 # with debootstrap under build-fresh/, from a clean clone of HEAD, in a chroot.

@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <string>
 
+#include "tiermoe/core/progress_meter.h"
+
 namespace tiermoe::cli {
 
 void add_init_command(CLI::App& app);
@@ -15,11 +17,14 @@ void add_bench_command(CLI::App& app);
 void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
+void add_report_command(CLI::App& app);
 
 // "61.06 GB", "512 B": decimal units, as disk sizes and shard limits are given.
 std::string human_bytes(uint64_t bytes);
 // "30.53 B", "3.35 M": a parameter count.
 std::string human_count(int64_t n);
+// Progress lines on stderr, rewritten in place when it is a terminal.
+ProgressSink stderr_progress();
 // Parses a byte count with an optional unit: 5000000000, 5GB, 500MB, 2GiB, 64KiB.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 

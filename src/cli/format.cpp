@@ -1,6 +1,9 @@
+#include <unistd.h>
+
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <iostream>
 
 #include "commands.h"
 #include "tiermoe/core/error.h"
@@ -16,6 +19,8 @@ std::string scaled(double v, const char* const* units, int n_units, double step)
   return buf;
 }
 }  // namespace
+
+ProgressSink stderr_progress() { return {&std::cerr, ::isatty(STDERR_FILENO) == 1}; }
 
 std::string human_bytes(uint64_t bytes) {
   static const char* const units[] = {"B", "KB", "MB", "GB", "TB"};

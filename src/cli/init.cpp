@@ -6,7 +6,6 @@
 // every block of every tensor draws from its own stream seeded by (--seed,
 // tensor name, block), so the files depend only on the flags, and a deeper
 // model shares its first layers with a shallower one of the same seed.
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -159,8 +158,9 @@ void run_init(const InitOptions& o) {
                 out.string(), "free space, pass --layers N, or write somewhere else");
 
   const auto shards = plan_shards(tensors, dtype, max_shard_bytes);
-  const bool progress = total_bytes > kLargeWriteBytes;
-  const auto start = std::chrono::steady_clock::now();
+  // Shard by shard (the random init, then the write): a progress line with
+  // the rate and ETA when it takes more than a second.
+  ProgressMeter meter(stderr_progress(), "init " + out.string(), double(total_bytes));
   if (shards.size() == 1) {
     NamedTensors named = make_shard(tensors, shards[0], config, o.seed, dtype);
     save_checkpoint_tensors(out.string(), named, max_shard_bytes);
@@ -178,16 +178,13 @@ void run_init(const InitOptions& o) {
         weight_map[tensor] = name;
         bytes += t.nbytes();
       }
-      if (progress) {
-        double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        std::cerr << "init: wrote " << name << " (" << human_bytes(bytes) << ", " << s + 1 << "/"
-                  << shards.size() << ", " << int(secs) << " s)\n";
-      }
+      meter.advance(double(bytes));
     }
     nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
                             {"weight_map", std::move(weight_map)}};
     write_text_atomic(out / "model.safetensors.index.json", index.dump(2) + "\n");
   }
+  meter.finish();
   // config.json goes last: a directory with a config.json is a finished checkpoint.
   save_model_config(config, (out / "config.json").string());
 

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   tiermoe::cli::add_train_command(app);
   tiermoe::cli::add_eval_command(app);
   tiermoe::cli::add_plan_command(app);
+  tiermoe::cli::add_report_command(app);
 
   try {
     app.parse(argc, argv);

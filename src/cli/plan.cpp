@@ -244,6 +244,7 @@ Json to_json(const PlanOptions& o, const ModelConfig& c, const ExpertShape& shap
     layers.push_back({{"layer", l},
                       {"resident", experts.size()},
                       {"resident_experts", experts},
+                      {"rows", profile.rows(int64_t(l))},
                       {"hot_fraction", q.hot_fraction},
                       {"host_s", q.host_s},
                       {"device_s", q.device_s},

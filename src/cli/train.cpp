@@ -33,6 +33,7 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "train_report.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/dist/mpi_comm.h"
@@ -71,6 +72,7 @@ struct TrainFlags {
 
   RunControl control;
   std::string resume;
+  std::string report;  // an HTML run report, refreshed at checkpoints
   int threads = 0;
   bool json = false;
 
@@ -243,11 +245,13 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   control.comm = mpi;
   control.log = rank == 0 ? &std::cerr : nullptr;
   control.progress_tty = ::isatty(STDERR_FILENO) == 1;
+  if (!f.report.empty() && rank == 0) prepare_train_report(f.report, control);
   if (rank != 0) control.metrics_file.clear();
   control.before_step = fault_hook(f.inject_fault, rank);
 
   const TrainSummary summary = run_training(config, control);
   if (rank != 0) return;
+  if (!f.report.empty()) write_train_report(f.report, control, summary, config.tier.profile_out);
   if (f.json) {
     std::cout << summary.to_json().dump() << "\n";
   } else {
@@ -383,6 +387,9 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--resume", f->resume,
                   "Continue bitwise from a checkpoint dir, or the latest one under an --out dir");
   cmd->add_option("--metrics", f->control.metrics_file, "JSONL file: one line of metrics per step");
+  cmd->add_option("--report", f->report,
+                  "HTML run report (tiermoe report's page), refreshed at each checkpoint and "
+                  "written at the end; the metrics go to OUT/metrics.jsonl unless --metrics");
   cmd->add_option("--progress-every", f->control.progress_every,
                   "Without a terminal: a progress line every N steps (default: about 25 a run)");
   cmd->add_flag("--json", f->json, "Print a JSON summary as the last stdout line");

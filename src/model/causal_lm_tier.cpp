@@ -8,6 +8,15 @@ int64_t CausalLM::num_moe_layers() const {
   return n;
 }
 
+LayerTimes CausalLM::layer_times() const {
+  LayerTimes sum;
+  for (const auto& l : layers_) {
+    sum.attention_s += l->times().attention_s;
+    sum.mlp_s += l->times().mlp_s;
+  }
+  return sum;
+}
+
 void CausalLM::attach_device_tier(DeviceTier& tier) {
   TIERMOE_CHECK(!tier_, "a device tier is attached already", "CausalLM",
                 "attach one tier per model");

@@ -91,12 +91,19 @@ class LoadPlan {
                       "and tie_word_embeddings in config.json against the checkpoint");
   }
 
-  void load(DType compute) const {
+  // Progress counts the bytes read from the files (a fused tensor's whole
+  // size for each slice of it a rank takes).
+  void load(DType compute, ProgressSink progress) const {
+    double total = 0;
+    for (const LoadItem& it : items_) total += double(ck_.entry(it.name).nbytes());
+    ProgressMeter meter(progress, "load " + ck_.dir(), total);
     for (const LoadItem& it : items_) {
       Tensor dest = it.dest;
       Tensor src = ck_.load(it.name, compute, MemTag::activations);
       dest.copy_from(it.row0 < 0 ? src : src.rows(it.row0, it.row0 + dest.size(0)));
+      meter.advance(double(ck_.entry(it.name).nbytes()));
     }
+    meter.finish();
   }
 
  private:
@@ -117,7 +124,8 @@ class LoadPlan {
 
 }  // namespace
 
-CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm) {
+CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm,
+                                   ProgressSink progress) {
   ModelConfig config = load_model_config(dir);
   check_model_supported(config, (std::filesystem::path(dir) / "config.json").string());
   CheckpointTensors ck = CheckpointTensors::open(dir);
@@ -157,7 +165,7 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
     plan.add(p.name, p.value);
   }
   plan.check_no_extra();
-  plan.load(compute);
+  plan.load(compute, progress);
   return model;
 }
 

@@ -1,5 +1,6 @@
 #include "tiermoe/model/decoder_layer.h"
 
+#include "tiermoe/core/timer.h"
 #include "tiermoe/kernels/rmsnorm.h"
 
 namespace tiermoe {
@@ -55,7 +56,9 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   Tensor n_TD = Tensor::empty({T, D}, dt);
   cpu::rmsnorm_forward(n_TD, saved.rstd_in_T, x_TD, norm_in_.value, eps_);
   Tensor h_TD = Tensor::empty({T, D}, dt);
+  auto t0 = Clock::now();
   attn_.forward(h_TD, n_TD, rope, saved.attn);
+  times_.attention_s += seconds_since(t0);
   add_inplace(h_TD, x_TD);
   // The guard runs on the residual stream: the input was finite, so a
   // non-finite value here came from this half (before a router sees it).
@@ -66,12 +69,14 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   Tensor m_TD = Tensor::empty({T, D}, dt);
   cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_);
   Tensor out_TD;
+  t0 = Clock::now();
   if (moe_) {
     out_TD = moe_->forward(m_TD, saved.moe, weight_grads);
   } else {
     out_TD = Tensor::empty({T, D}, dt);
     mlp_->forward(out_TD, m_TD, saved.mlp);
   }
+  times_.mlp_s += seconds_since(t0);
   add_inplace(out_TD, h_TD);
   check_finite_activation(out_TD, mlp_name_ + " output");
   return out_TD;
@@ -83,18 +88,22 @@ void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTabl
   const DType dt = dout_TD.dtype();
   // out = h + mlp(norm_post(h))
   Tensor dm_TD = Tensor::empty({T, D}, dt);
+  auto t0 = Clock::now();
   if (moe_) {
     moe_->backward(dm_TD, dout_TD, saved.moe, dlogits_extra_TE);
   } else {
     mlp_->backward(dm_TD, dout_TD, saved.mlp);
   }
+  times_.mlp_s += seconds_since(t0);
   Tensor dh_TD = dout_TD.clone();
   Tensor dw_post = norm_post_.grad_sink();
   cpu::rmsnorm_backward(dh_TD, dw_post, dm_TD, saved.h_TD, norm_post_.value, saved.rstd_post_T,
                         /*accumulate=*/true);
   // h = x + attn(norm_in(x))
   Tensor dn_TD = Tensor::empty({T, D}, dt);
+  t0 = Clock::now();
   attn_.backward(dn_TD, dh_TD, rope, saved.attn);
+  times_.attention_s += seconds_since(t0);
   dx_TD.copy_from(dh_TD);
   Tensor dw_in = norm_in_.grad_sink();
   cpu::rmsnorm_backward(dx_TD, dw_in, dn_TD, saved.x_TD, norm_in_.value, saved.rstd_in_T,

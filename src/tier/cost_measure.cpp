@@ -199,7 +199,7 @@ double measure_host(const ExpertShape& s, TrainMode m, int threads) {
 }
 
 DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
-                           const std::vector<int64_t>& buckets) {
+                           const std::vector<int64_t>& buckets, ProgressMeter* meter) {
   TIERMOE_ASSERT(!buckets.empty());
   DeviceBuffers bufs(dev);
   Rng rng(2);
@@ -217,6 +217,7 @@ DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
     launch();
     r.launch_s = median_seconds(2 * kRepeats - 1, launch);
   }
+  if (meter) meter->advance(1);
 
   // Throughput: the mode's forward and backward at the largest bucket.
   {
@@ -233,6 +234,7 @@ DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
     const double t = median_seconds(kRepeats, pair) - 2 * r.launch_s;
     r.flops_per_s = double(G) * flops_per_row(s, m) / std::max(t, 1e-9);
   }
+  if (meter) meter->advance(1);
 
   // Link: a few MB each way.
   {
@@ -251,6 +253,7 @@ DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
     const double t = median_seconds(kRepeats, up) + median_seconds(kRepeats, down);
     r.link_bytes_per_s = 2.0 * double(kLinkBytes) / std::max(t, 1e-9);
   }
+  if (meter) meter->advance(1);
   return r;
 }
 

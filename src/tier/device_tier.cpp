@@ -50,6 +50,7 @@ void TierStepStats::add(const TierStepStats& later) {
   total.add(later.total);
   drift = later.drift;
   resident = later.resident;
+  resident_experts = later.resident_experts;
   replacements += later.replacements;
   moved_in += later.moved_in;
   moved_out += later.moved_out;
@@ -150,6 +151,12 @@ TierStepStats DeviceTier::end_step(bool weights_changed) {
     if (target && apply(*target, s)) ++s.replacements;
   }
   s.resident = placement_.count();
+  for (const std::vector<uint8_t>& on_E : placement_.resident) {
+    std::vector<int64_t>& ids = s.resident_experts.emplace_back();
+    for (size_t e = 0; e < on_E.size(); ++e) {
+      if (on_E[e]) ids.push_back(int64_t(e));
+    }
+  }
   s.predicted_step_s = planner_.predict(placement_, profile_).step_s;
   return s;
 }

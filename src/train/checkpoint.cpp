@@ -425,15 +425,15 @@ TrainCheckpoint read_train_checkpoint(const std::string& dir) {
   return ck;
 }
 
-CausalLM resume_model(const TrainCheckpoint& ck, Comm* comm) {
+CausalLM resume_model(const TrainCheckpoint& ck, Comm* comm, ProgressSink progress) {
   if (!ck.config.lora) {
     TrainConfig from = ck.config;
     from.model_dir = ck.dir;
-    return build_model(from, comm);
+    return build_model(from, comm, progress);
   }
   TrainConfig base = ck.config;
   base.lora_init = ck.dir;
-  return build_model(base, comm);
+  return build_model(base, comm, progress);
 }
 
 OptimizerState optimizer_state_for(const OptimizerState& all, const CausalLM& model) {

@@ -57,7 +57,11 @@ json tier_step_json(const TierStepStats& s) {
   j["predicted_step_s"] = s.predicted_step_s;
   j["faults"] = s.faults;
   json layers = json::array();
-  for (const TierLayerStats& l : s.layers) layers.push_back(tier_totals_json(l));
+  for (size_t l = 0; l < s.layers.size(); ++l) {
+    json one = tier_totals_json(s.layers[l]);
+    if (l < s.resident_experts.size()) one["resident_experts"] = s.resident_experts[l];
+    layers.push_back(std::move(one));
+  }
   j["layers"] = std::move(layers);
   return j;
 }
@@ -73,6 +77,8 @@ json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
       {"tokens", s.tokens},
       {"tokens_per_s", s.seconds > 0 ? double(s.tokens) / s.seconds : 0.0},
       {"step_time_s", s.seconds},
+      {"attention_s", s.attention_s},
+      {"mlp_s", s.mlp_s},
       {"memory_bytes", {{"live", bytes_by_tag(memory.live)}, {"peak", bytes_by_tag(memory.peak)}}}};
   if (s.tier) j["tier"] = tier_step_json(*s.tier);
   if (s.comm) j["comm"] = comm_stats_json(*s.comm);
@@ -105,13 +111,16 @@ json comm_run_json(const CommStats& run, Comm& comm, int64_t steps) {
   return j;
 }
 
-MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : path_(path), out_(path, append ? std::ios::app : std::ios::trunc) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append, MetricsRunInfo run)
+    : path_(path), run_(run), out_(path, append ? std::ios::app : std::ios::trunc) {
   TIERMOE_CHECK(out_.good(), "cannot open the metrics file", path, "check the path for --metrics");
 }
 
 void MetricsWriter::write(const StepStats& s, const MemorySnapshot& memory) {
-  out_ << step_metrics_json(s, memory).dump() << "\n";
+  json j = step_metrics_json(s, memory);
+  if (run_.total_steps > 0) j["total_steps"] = run_.total_steps;
+  if (run_.loss_floor) j["loss_floor"] = *run_.loss_floor;
+  out_ << j.dump() << "\n";
   out_.flush();
   TIERMOE_CHECK(out_.good(), "cannot write the metrics file", path_, "check free disk space");
 }

@@ -55,7 +55,8 @@ ExpertShape expert_shape(const CausalLM& model) {
 }  // namespace
 
 TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full_ft,
-                         std::ostream* log, std::optional<RoutingProfile> profile)
+                         std::ostream* log, std::optional<RoutingProfile> profile,
+                         bool progress_tty)
     : config_(config) {
   config_.validate();
   const ExpertShape shape = expert_shape(model);
@@ -83,11 +84,17 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
   if (config_.cost) {
     cost = *config_.cost;
   } else {
+    // Stages: the host, starting the probe device, then measure_device's.
+    ProgressMeter meter({log, progress_tty}, "tier: measuring the cost model", 2 + kDeviceMeasures,
+                        {.unit = "stages"});
     cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
     cost.host_flops_per_s = measure_host(shape, mode, host_threads);
+    meter.advance(1);
     const std::unique_ptr<Device> probe =
         make_device(measure_device_bytes(shape, mode, cost.buckets));
-    const DeviceRates r = measure_device(*probe, shape, mode, cost.buckets);
+    meter.advance(1);
+    const DeviceRates r = measure_device(*probe, shape, mode, cost.buckets, &meter);
+    meter.finish();
     cost.device_flops_per_s = r.flops_per_s;
     cost.link_bytes_per_s = r.link_bytes_per_s;
     cost.launch_s = r.launch_s;

@@ -171,6 +171,7 @@ StepStats Trainer::step() {
                 "trainer", "raise --steps to train further");
   const auto start = std::chrono::steady_clock::now();
   const CommStats comm_before = model_.comm() ? model_.comm()->stats() : CommStats();
+  const LayerTimes times_before = model_.layer_times();
   DeviceTier* tier = model_.device_tier();
   if (tier) tier->begin_step();
   StepStats s = accumulate_gradients();
@@ -187,6 +188,9 @@ StepStats Trainer::step() {
   s.step = step_;
   losses_.push_back(s.loss);
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const LayerTimes times_after = model_.layer_times();
+  s.attention_s = times_after.attention_s - times_before.attention_s;
+  s.mlp_s = times_after.mlp_s - times_before.mlp_s;
   return s;
 }
 

@@ -153,10 +153,11 @@ CausalLM random_model(const TrainConfig& c, Comm* comm) {
 
 }  // namespace
 
-CausalLM build_model(const TrainConfig& c, Comm* comm) {
+CausalLM build_model(const TrainConfig& c, Comm* comm, ProgressSink progress) {
   c.validate();
-  CausalLM model = c.model_dir.empty() ? random_model(c, comm)
-                                       : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm);
+  CausalLM model = c.model_dir.empty()
+                       ? random_model(c, comm)
+                       : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm, progress);
   model.set_lm_head_chunk(c.lm_head_chunk);
   model.set_moe_options(RematPolicy::parse(c.remat, "--remat"),
                         parse_absorb_scores(c.absorb, "--absorb-scores"));

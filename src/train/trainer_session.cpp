@@ -87,7 +87,9 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                 "0 runs every step");
 
   Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
-  CausalLM model = ck ? resume_model(*ck, comm) : build_model(config, comm);
+  const bool is_rank0 = !comm || comm->rank() == 0;
+  const ProgressSink loading{log, control.progress_tty};
+  CausalLM model = ck ? resume_model(*ck, comm, loading) : build_model(config, comm, loading);
   std::unique_ptr<MarkovCorpus> corpus;
   const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
   const RowSource& data = *rows;
@@ -100,7 +102,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     } else if (!config.tier.profile_in.empty()) {
       profile = profile_for(RoutingProfile::load(config.tier.profile_in), model);
     }
-    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log, profile);
+    tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log, profile,
+                                         control.progress_tty);
   }
   Trainer trainer(model, data, config.trainer);
   if (ck) trainer.restore(ck->state, optimizer_state_for(ck->optimizer, model));
@@ -140,7 +143,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
 
   std::optional<MetricsWriter> metrics;
   if (!control.metrics_file.empty())
-    metrics.emplace(control.metrics_file, /*append=*/ck.has_value());
+    metrics.emplace(control.metrics_file, /*append=*/ck.has_value(),
+                    MetricsRunInfo{config.trainer.steps, out.loss_floor});
   std::optional<ProgressPrinter> progress;
   if (log) {
     progress.emplace(*log, ProgressOptions{.total_steps = config.trainer.steps,
@@ -172,6 +176,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
       if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
         out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
         saved_step = s.step;
+        if (control.after_checkpoint && is_rank0) control.after_checkpoint(out.last_checkpoint);
       }
     }
   } catch (...) {
@@ -184,6 +189,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   if (!control.out_dir.empty()) {
     if (saved_step != trainer.steps_done()) {
       out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
+      if (control.after_checkpoint && is_rank0) control.after_checkpoint(out.last_checkpoint);
     }
     if (trainer.finished()) {
       out.final_export = (fs::path(control.out_dir) / (config.lora ? "adapter" : "final")).string();

@@ -35,6 +35,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tiermoe/core/progress_meter.h"
 #include "tiermoe/dist/comm.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/safetensors.h"
@@ -76,7 +77,10 @@ class CausalLM {
   // Reads dir/config.json and the checkpoint's tensors (model.safetensors or
   // shards), per-expert or fused expert layout, converting the stored dtype
   // to `compute`. See checkpoint.h for what is rejected.
-  static CausalLM from_checkpoint(const std::string& dir, DType compute, Comm* comm = nullptr);
+  // `progress`: a progress line while the tensors load and convert
+  // (core/progress_meter.h; silent for loads under a second).
+  static CausalLM from_checkpoint(const std::string& dir, DType compute, Comm* comm = nullptr,
+                                  ProgressSink progress = {});
   // Writes config.json and the tensors under HF names in the per-expert
   // layout save_pretrained writes, in `storage` (default: the compute dtype).
   // One rank only (an expert-parallel model's ranks write their parts
@@ -130,6 +134,8 @@ class CausalLM {
 
   int64_t num_layers() const { return int64_t(layers_.size()); }
   DecoderLayer& layer(int64_t i) { return *layers_[size_t(i)]; }
+  // Every layer's times added up (forward and backward so far).
+  LayerTimes layer_times() const;
 
   // ---- remat and score absorption
   // Applies the policy's MoE view (RematPolicy::moe_keep) and the absorption

@@ -22,6 +22,13 @@ struct DecoderLayerSaved {
   MoeSaved moe;
 };
 
+// Wall time a layer's halves took, forward and backward added, since the
+// layer was built: the step-time split of train --metrics reads differences.
+struct LayerTimes {
+  double attention_s = 0;  // the attention block (projections, RoPE, attention)
+  double mlp_s = 0;        // the MoE block (routing, dispatch, experts, combine) or dense MLP
+};
+
 class DecoderLayer {
  public:
   DecoderLayer(const ModelConfig& config, int64_t layer, DType compute,
@@ -54,6 +61,7 @@ class DecoderLayer {
   Weight& post_attention_layernorm() { return norm_post_; }
   DenseMlp* dense_mlp() { return mlp_.get(); }
   MoeBlock* moe() { return moe_.get(); }
+  const LayerTimes& times() const { return times_; }
 
  private:
   int64_t layer_;
@@ -63,6 +71,7 @@ class DecoderLayer {
   AttentionBlock attn_;
   std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_
   std::unique_ptr<MoeBlock> moe_;
+  LayerTimes times_;
 };
 
 }  // namespace tiermoe

@@ -37,6 +37,7 @@
 #include <vector>
 
 #include "tiermoe/core/dtype.h"
+#include "tiermoe/core/progress_meter.h"
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/moe/experts.h"
 #include "tiermoe/tier/device.h"
@@ -144,8 +145,11 @@ double measure_host(const ExpertShape& s, TrainMode m, int threads);
 struct DeviceRates {
   double flops_per_s = 0, link_bytes_per_s = 0, launch_s = 0;
 };
+// `meter` (may be null) advances by one after each of its kDeviceMeasures
+// measurements (launch, throughput, link).
+inline constexpr int kDeviceMeasures = 3;
 DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
-                           const std::vector<int64_t>& buckets);
+                           const std::vector<int64_t>& buckets, ProgressMeter* meter = nullptr);
 // Device memory measure_device needs.
 size_t measure_device_bytes(const ExpertShape& s, TrainMode m, const std::vector<int64_t>& buckets);
 

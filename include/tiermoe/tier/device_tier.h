@@ -38,6 +38,7 @@ struct TierStepStats {
   TierLayerStats total;
   double drift = 0;             // routing drift at this step's end (L1, normalised)
   int64_t resident = 0;         // experts resident after the step
+  std::vector<std::vector<int64_t>> resident_experts;  // [layer]: the ids resident after it
   int64_t replacements = 0;     // placements applied: before the first step, at its end
   int64_t moved_in = 0, moved_out = 0;
   size_t bytes_moved = 0;       // weights uploaded for experts moving in

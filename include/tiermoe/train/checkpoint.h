@@ -80,7 +80,7 @@ TrainConfig read_checkpoint_config(const std::string& dir);
 // The model of a checkpoint: full fine-tuning loads its weights; LoRA builds
 // the base model from the config and loads the checkpoint's adapter. With a
 // Comm of P ranks, this rank's part of it.
-CausalLM resume_model(const TrainCheckpoint& ckpt, Comm* comm = nullptr);
+CausalLM resume_model(const TrainCheckpoint& ckpt, Comm* comm = nullptr, ProgressSink progress = {});
 // The optimizer state of the parameters `model` holds: other ranks' experts'
 // entries are dropped (the optimizer then checks the rest strictly).
 OptimizerState optimizer_state_for(const OptimizerState& all, const CausalLM& model);

@@ -4,7 +4,17 @@
 //
 //   {"step": 12, "loss": 3.21, "ce": 3.21, "aux_loss": 1.02, "lr": 0.003, "grad_norm": 0.84,
 //    "tokens": 1024, "tokens_per_s": 12345.6, "step_time_s": 0.083,
+//    "attention_s": 0.021, "mlp_s": 0.035, "total_steps": 2000, "loss_floor": 1.69,
 //    "memory_bytes": {"live": {"weights": ..., ...}, "peak": {...}}}
+//
+// attention_s and mlp_s are the step's wall time in the attention blocks and
+// in the MoE blocks / dense MLPs (forward, backward, replays); the rest of
+// step_time_s is the embedding, norms, LM head, loss and optimizer.
+// loss_floor is there when the data has one (the built-in corpus).
+//
+// With a device tier, "tier" holds the step's tier_step_json: its totals,
+// and "layers" with each MoE layer's figures and "resident_experts" (the
+// expert ids on the device after the step).
 //
 // More than one rank adds "comm": {"alltoall_bytes": ..., "alltoall_s": ...,
 // "alltoall_calls": ..., "fold_bytes": ..., "fold_s": ...} (rank 0's).
@@ -15,6 +25,7 @@
 #include <cstddef>
 #include <fstream>
 #include <nlohmann/json_fwd.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,14 +57,22 @@ nlohmann::json comm_stats_json(const CommStats& s);
 // up (an allgather: every rank calls it).
 nlohmann::json comm_run_json(const CommStats& run, Comm& comm, int64_t steps);
 
+// What every line of a run repeats, so that any line (or a file cut short)
+// says how far the run has come and what loss it cannot beat.
+struct MetricsRunInfo {
+  int64_t total_steps = 0;  // 0: not written
+  std::optional<double> loss_floor;
+};
+
 class MetricsWriter {
  public:
   // Truncates `path`, or appends to it (a resumed run continues the file).
-  MetricsWriter(const std::string& path, bool append);
+  MetricsWriter(const std::string& path, bool append, MetricsRunInfo run = {});
   void write(const StepStats& s, const MemorySnapshot& memory);
 
  private:
   std::string path_;
+  MetricsRunInfo run_;
   std::ofstream out_;
 };
 

@@ -43,9 +43,11 @@ class TierSession {
  public:
   // Builds the device and the tier for `model` (full_ft: the experts train)
   // and attaches it; measures the cost model unless the config gives one.
-  // `profile` (a resumed checkpoint's) wins over config.profile_in.
+  // `profile` (a resumed checkpoint's) wins over config.profile_in. The
+  // measurements show a progress line on `log` when they take over a second
+  // (rewritten in place when progress_tty).
   TierSession(const TierRunConfig& config, CausalLM& model, bool full_ft, std::ostream* log,
-              std::optional<RoutingProfile> profile = std::nullopt);
+              std::optional<RoutingProfile> profile = std::nullopt, bool progress_tty = false);
   ~TierSession();
 
   DeviceTier& tier() { return *tier_; }

@@ -80,6 +80,8 @@ struct StepStats {
   double grad_norm = 0;  // pre-clip global norm
   int64_t tokens = 0;    // tokens this step processed, all ranks (B * L * grad_accum)
   double seconds = 0;    // wall time of the step
+  double attention_s = 0;  // of which in the attention blocks (forward + backward)
+  double mlp_s = 0;        // in the MoE blocks and dense MLPs (the experts' share is tier->total)
   std::optional<TierStepStats> tier;  // with a device tier: what it did this step
   // More than one rank: this rank's collectives in the step (the MoE
   // layers' all-to-alls; the gradient fold and the norm's allgathers).

@@ -62,7 +62,7 @@ struct TrainConfig {
 // (fresh from the seed, or from lora_init). Full fine-tuning leaves every
 // parameter trainable. With a Comm of P > 1 ranks the model is expert
 // parallel (causal_lm.h): this rank builds and loads its experts only.
-CausalLM build_model(const TrainConfig& config, Comm* comm = nullptr);
+CausalLM build_model(const TrainConfig& config, Comm* comm = nullptr, ProgressSink progress = {});
 
 // The training rows, validated against the model's vocabulary: token
 // windows, or SFT rows (packed or padded with the config's pad token). With

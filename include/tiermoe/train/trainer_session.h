@@ -41,6 +41,10 @@ struct RunControl {
   // Called before each step with its number (1-based); the CLI's fault
   // injection for the tests of a failing rank. Empty: nothing.
   std::function<void(int64_t)> before_step{};
+  // Called after each checkpoint is written (rank 0 only), with its
+  // directory; the metrics file holds every step up to it. The CLI's
+  // train --report refreshes the report here. Empty: nothing.
+  std::function<void(const std::string&)> after_checkpoint{};
 };
 
 struct TrainSummary {
