@@ -53,13 +53,18 @@ uint64_t host_memory_available() {
   return std::numeric_limits<uint64_t>::max();
 }
 
-std::string format_gb(uint64_t bytes) {
+std::string format_size(uint64_t bytes) {
+  static const char* const units[] = {"KB", "MB", "GB"};
   char buf[48];
-  if (bytes < 1'000'000) {
+  if (bytes < 1000) {
     std::snprintf(buf, sizeof buf, "%llu B", static_cast<unsigned long long>(bytes));
-  } else {
-    std::snprintf(buf, sizeof buf, "%.2f GB", double(bytes) / 1e9);
+    return buf;
   }
+  // Up to GB only: a refused run's parts read in one unit (19966.91 GB).
+  double v = double(bytes) / 1e3;
+  int u = 0;
+  while (v >= 1000 && u < 2) v /= 1000, ++u;
+  std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
   return buf;
 }
 
@@ -67,8 +72,8 @@ void check_host_memory(uint64_t bytes, const std::string& what, const std::strin
                        const std::string& hint) {
   const uint64_t available = host_memory_available();
   TIERMOE_CHECK(bytes <= available,
-                str_of(what, " needs at least ", format_gb(bytes), " of host memory, ",
-                       format_gb(available), " are available"),
+                str_of(what, " needs at least ", format_size(bytes), " of host memory, ",
+                       format_size(available), " are available"),
                 where, hint);
 }
 

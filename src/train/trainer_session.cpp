@@ -88,6 +88,12 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
 
   Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
   CausalLM model = ck ? resume_model(*ck, comm) : build_model(config, comm);
+  if (log && config.trainer.seq_len > model.config().max_position_embeddings) {
+    *log << "warning: --seq-len " << config.trainer.seq_len
+         << " exceeds the model's max_position_embeddings ("
+         << model.config().max_position_embeddings
+         << "): RoPE runs on, but the model never saw positions that far\n";
+  }
   std::unique_ptr<MarkovCorpus> corpus;
   const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
   const RowSource& data = *rows;

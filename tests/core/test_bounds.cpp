@@ -55,8 +55,10 @@ TEST(Bounds, HostMemoryIsReadAndChecked) {
         << e.what();
     EXPECT_NE(std::string(e.what()).find("are available"), std::string::npos) << e.what();
   }
-  EXPECT_EQ(format_gb(61'060'000'000), "61.06 GB");
-  EXPECT_EQ(format_gb(512), "512 B");
+  EXPECT_EQ(format_size(61'060'000'000), "61.06 GB");
+  EXPECT_EQ(format_size(19'966'910'000'000), "19966.91 GB");
+  EXPECT_EQ(format_size(3'200'000), "3.20 MB");
+  EXPECT_EQ(format_size(512), "512 B");
 }
 
 class Files : public ::testing::Test {

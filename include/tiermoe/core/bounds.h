@@ -26,8 +26,8 @@ void check_in_range(int64_t value, int64_t lo, int64_t hi, const std::string& na
 // /proc/meminfo, or the physical pages sysconf reports where that is absent.
 uint64_t host_memory_available();
 
-// "61.06 GB": decimal units, as the CLI prints sizes.
-std::string format_gb(uint64_t bytes);
+// "61.06 GB", "3.20 MB", "512 B": decimal units, as the CLI prints sizes.
+std::string format_size(uint64_t bytes);
 
 // Throws when `bytes` exceed host_memory_available(): "<what> needs at least
 // N GB of host memory, M GB are available" at `where`, with `hint`.
