@@ -117,6 +117,20 @@ TEST_F(CliBounds, RunsThatCannotFitInHostMemoryAreRefusedWithTheSizes) {
                  1, {"needs at least", "activations", "--batch x --seq-len"});
 }
 
+TEST_F(CliBounds, MeasurementsAndBenchmarksThatCannotFitAreRefused) {
+  // Experts of 2^20 x 2^20: plan's start-up measurement would allocate 13 TB.
+  fs::path dir = with_config_field("wide", "hidden_size", "1048576");
+  nlohmann::json j = nlohmann::json::parse(slurp(dir / "config.json"));
+  j["moe_intermediate_size"] = 1048576;
+  std::ofstream(dir / "config.json") << j.dump(2);
+  expect_refused({"plan", "--model", dir.string(), "--synthetic-zipf", "1", "--tokens", "64",
+                  "--device-memory", "1MB"},
+                 1, {"measuring the expert rates needs at least", "--host-tflops"});
+  // 2^31 tokens through one Qwen3-30B-A3B layer: hundreds of TB of rows.
+  expect_refused({"bench", "moe-layer", "--tokens", "2147483648"}, 1,
+                 {"one MoE layer of qwen3-30b-a3b", "needs at least", "--tokens"});
+}
+
 TEST_F(CliBounds, NonRegularFilesAreRefusedNotOpened) {
   const std::string pipe = path("pipe").string();
   ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
