@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "flag_bounds.h"
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/dist/mpi_comm.h"
 #include "tiermoe/io/model_config.h"
@@ -66,6 +68,19 @@ void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
   opt.threads = o.threads;
   opt.seed = o.seed;
   opt.comm = mpi && mpi->size() > 1 ? mpi : nullptr;
+  // The layer's weights (and their gradients), and per routed row its input,
+  // output and activations (gate, up and their product at width F).
+  const std::string what = "the benchmark's memory";
+  const int64_t value = int64_t(dtype_size(opt.dtype));
+  const int64_t weights = checked_product(
+      {opt.experts, 3, opt.hidden, opt.ffn, value, opt.mode == MoeBenchMode::full ? 2 : 1}, what,
+      "--preset");
+  const int64_t rows = checked_product(
+      {opt.tokens, opt.top_k, checked_add(2 * opt.hidden, 3 * opt.ffn, what, "--tokens"), value},
+      what, "--tokens");
+  check_host_memory(uint64_t(checked_add(weights, rows, what, "--tokens")),
+                    str_of("one MoE layer of ", o.preset, " at ", o.tokens, " tokens"), "--tokens",
+                    "pass fewer --tokens");
 
   if (rank0) {
     std::cerr << "bench moe-layer: " << o.preset << " (E " << opt.experts << ", K " << opt.top_k
@@ -136,7 +151,7 @@ void add_bench_command(CLI::App& app) {
       ->capture_default_str();
   moe->add_option("--tokens", o->tokens, "Tokens T in the micro-batch")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1, kMaxCount));
   moe->add_option("--dtype", o->dtype, "bf16 or f32")->capture_default_str();
   moe->add_option("--mode", o->mode, "fwd | lora (dx only) | full (dx and dW)")
       ->capture_default_str();
@@ -150,7 +165,9 @@ void add_bench_command(CLI::App& app) {
   moe->add_option("--warmup", o->warmup, "Untimed iterations first")
       ->capture_default_str()
       ->check(CLI::NonNegativeNumber);
-  moe->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  moe->add_option("--threads", o->threads, "Threads (0: all cores)")
+      ->capture_default_str()
+      ->check(count_in(0, max_threads(), "4 x the cores: more only oversubscribe them"));
   moe->add_option("--zipf", o->zipf, "Routing skew: Zipf exponent of the expert prior (0: none)")
       ->capture_default_str();
   moe->add_option("--seed", o->seed, "Random seed")->capture_default_str();

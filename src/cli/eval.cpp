@@ -21,10 +21,13 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "flag_bounds.h"
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/io/tokens.h"
 #include "tiermoe/model/causal_lm.h"
+#include "tiermoe/model/memory_estimate.h"
 #include "tiermoe/train/data.h"
 #include "tiermoe/train/trainer_config.h"
 
@@ -87,6 +90,19 @@ void run_eval(const EvalOptions& o) {
   // Data problems are cheaper to find than checkpoint ones: config first, then
   // tokens, then the weights.
   const ModelConfig config = load_model_config(o.model);
+  RunMemoryShape run;
+  run.dtype = dtype;
+  run.backward = !o.save_grads.empty();
+  run.full_ft = run.backward;  // --save-grads writes every parameter's gradient
+  run.tokens = checked_mul(o.batch, o.seq_len, "--batch x --seq-len", "--batch");
+  run.lm_head_chunk = o.lm_head_chunk;
+  check_host_memory_for(config, run, o.model, "--batch x --seq-len",
+                        "use a smaller --batch or --seq-len, or a machine with more memory");
+  if (o.seq_len > config.max_position_embeddings) {
+    std::cerr << "warning: --seq-len " << o.seq_len << " exceeds the model's "
+              << "max_position_embeddings (" << config.max_position_embeddings
+              << "): RoPE runs on, but the model never saw positions that far\n";
+  }
   const std::unique_ptr<RowSource> rows =
       open_data_file(o.data, config, o.seq_len, /*pack=*/!o.no_packing);
   const TokenBatch batch = rows->eval_batch(o.batch, o.seq_len);
@@ -142,12 +158,17 @@ void add_eval_command(CLI::App& app) {
   cmd->add_option("--data", o->data,
                   "Token file (.npy or llm.c .bin), or SFT JSON Lines (input_ids + labels)")
       ->required();
-  cmd->add_option("--seq-len", o->seq_len, "Window / row length L")->required();
-  cmd->add_option("--batch", o->batch, "Number of windows or rows B (the first B)")->required();
+  cmd->add_option("--seq-len", o->seq_len, "Window / row length L")
+      ->required()
+      ->check(count_in(1, kMaxCount));
+  cmd->add_option("--batch", o->batch, "Number of windows or rows B (the first B)")
+      ->required()
+      ->check(count_in(1, kMaxCount));
   cmd->add_flag("--no-packing", o->no_packing, "SFT data: one example per row, padded");
   cmd->add_option("--lm-head-chunk", o->lm_head_chunk,
                   "Token rows per LM head chunk (0: all at once)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(count_in(0, kMaxCount));
   cmd->add_option("--dtype", o->dtype, "Compute dtype, and the gradient file's: f64|f32|bf16")
       ->capture_default_str();
   cmd->add_option("--save-grads", o->save_grads,

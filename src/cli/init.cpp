@@ -6,6 +6,7 @@
 // every block of every tensor draws from its own stream seeded by (--seed,
 // tensor name, block), so the files depend only on the flags, and a deeper
 // model shares its first layers with a shallower one of the same seed.
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -13,6 +14,8 @@
 #include <regex>
 
 #include "commands.h"
+#include "flag_bounds.h"
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/io/model_config.h"
@@ -133,9 +136,8 @@ void run_init(const InitOptions& o) {
       preset(o.preset, o.layers_given ? std::optional<int64_t>(o.layers) : std::nullopt);
   config.torch_dtype = torch_dtype_name(dtype);
   if (o.vocab_size != 0) {
-    TIERMOE_CHECK(o.vocab_size >= 256, "--vocab-size must be at least 256", "--vocab-size",
-                  "the built-in corpus uses token ids 0..255");
     config.vocab_size = o.vocab_size;
+    config.validate("--vocab-size");
   }
 
   const std::vector<HfTensor> tensors = hf_tensors(config);
@@ -158,6 +160,15 @@ void run_init(const InitOptions& o) {
                 out.string(), "free space, pass --layers N, or write somewhere else");
 
   const auto shards = plan_shards(tensors, dtype, max_shard_bytes);
+  // Memory holds one shard at a time.
+  uint64_t largest_shard = 0;
+  for (const auto& shard : shards) {
+    uint64_t bytes = 0;
+    for (size_t i : shard) bytes += uint64_t(shape_numel(tensors[i].shape)) * dtype_size(dtype);
+    largest_shard = std::max(largest_shard, bytes);
+  }
+  check_host_memory(largest_shard, "writing the largest shard", out.string(),
+                    "pass a smaller --max-shard-size, fewer --layers or a smaller --vocab-size");
   // Shard by shard (the random init, then the write): a progress line with
   // the rate and ETA when it takes more than a second.
   ProgressMeter meter(stderr_progress(), "init " + out.string(), double(total_bytes));
@@ -217,10 +228,13 @@ void add_init_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--dtype", opts->dtype, "Weight dtype: bf16|f32|f64")->capture_default_str();
   CLI::Option* layers =
-      cmd->add_option("--layers", opts->layers, "Number of decoder layers (overrides the preset)");
+      cmd->add_option("--layers", opts->layers, "Number of decoder layers (overrides the preset)")
+          ->check(count_in(1, ModelConfig::kMaxLayers));
   cmd->add_option("--vocab-size", opts->vocab_size,
                   "Vocabulary size (overrides the preset's; e.g. real expert shapes with a small "
-                  "embedding for benchmarks)");
+                  "embedding for benchmarks)")
+      ->check(count_in(256, ModelConfig::kMaxVocab,
+                       "the built-in corpus uses token ids 0..255; token ids are 32-bit"));
   cmd->add_option("--max-shard-size", opts->max_shard_size,
                   "Largest safetensors file before sharding (bytes, or 500MB, 5GB, 2GiB)")
       ->capture_default_str();

@@ -24,6 +24,8 @@
 #include <sstream>
 
 #include "commands.h"
+#include "flag_bounds.h"
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/model_config.h"
@@ -97,6 +99,14 @@ Rates cost_rates(const PlanOptions& o, const ExpertShape& shape, TrainMode mode)
   Rates r;
   r.cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
   const bool on_cpu_device = !(o.has_device && o.has_link && o.has_launch);
+  // The measurements run real experts of the model's shape on the host.
+  const uint64_t host_bytes = o.has_host ? 0 : measure_host_bytes(shape, mode);
+  const uint64_t device_bytes =
+      on_cpu_device ? measure_device_bytes(shape, mode, r.cost.buckets) : 0;
+  check_host_memory(host_bytes + device_bytes, "measuring the expert rates",
+                    o.has_model ? o.model : "--preset " + o.preset,
+                    "give the rates instead: --host-tflops, --device-tflops, --link-gbps and "
+                    "--launch-us");
   const int cores = default_num_threads();
   r.device_threads = on_cpu_device ? std::max(1, cores / 2) : 0;
   r.host_threads = std::max(1, cores - r.device_threads);
@@ -305,7 +315,7 @@ void add_plan_command(CLI::App& app) {
       "Instead of --profile: a Zipf-skewed profile with this exponent (needs --tokens)");
   CLI::Option* tokens =
       cmd->add_option("--tokens", o->tokens, "Tokens per step of the synthetic profile")
-          ->check(CLI::PositiveNumber);
+          ->check(count_in(1, kMaxCount));
   profile->excludes(zipf);
   zipf->needs(tokens);
   tokens->needs(zipf);
@@ -319,7 +329,7 @@ void add_plan_command(CLI::App& app) {
       cmd->add_option("--preset", o->preset, "Model preset")->capture_default_str();
   CLI::Option* model = cmd->add_option("--model", o->model, "Checkpoint dir (its config.json)");
   CLI::Option* layers = cmd->add_option("--layers", o->layers, "Decoder layers of the preset")
-                            ->check(CLI::PositiveNumber);
+                            ->check(count_in(1, ModelConfig::kMaxLayers));
   model->excludes(preset_opt);
   model->excludes(layers);
   cmd->add_option("--mode", o->mode, "lora (frozen experts) or full (experts trained)")
@@ -330,7 +340,7 @@ void add_plan_command(CLI::App& app) {
   cmd->add_option("--micro-batches", o->micro_batches,
                   "Expert calls per step (gradient accumulation); padding is per call")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1, kMaxCount));
   CLI::Option* host =
       cmd->add_option("--host-tflops", o->host_tflops, "Host expert TFLOP/s (default: measured)")
           ->check(CLI::PositiveNumber);

@@ -27,12 +27,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "flag_bounds.h"
 #include "train_report.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
@@ -159,9 +161,30 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
     c.lora = l;
     c.lora_init = f.lora_init;
   }
-  if (!f.device_memory.empty()) c.tier.device_memory = parse_bytes(f.device_memory, "--device-memory");
+  if (!f.device_memory.empty()) {
+    c.tier.device_memory = parse_bytes(f.device_memory, "--device-memory");
+    TIERMOE_CHECK(c.tier.device_memory > 0, "--device-memory is 0", "--device-memory",
+                  "give the device tier a positive budget, e.g. --device-memory 2GiB");
+  }
   c.tier.replan = !f.no_replan;
   return c;
+}
+
+// The first line a run prints: which parameters train, and why (the flag
+// that chose it, or the default when none did).
+std::string mode_line(const TrainConfig& c, const TrainFlags& f, bool resumed) {
+  const std::string why = resumed  ? "as the checkpoint's run"
+                          : f.full ? "--full"
+                          : c.lora ? "a --lora-* flag given"
+                                   : "the default: no --lora-* flag given";
+  if (!c.lora) {
+    return str_of("train: mode: full fine-tuning (", why,
+                  "): every parameter trains, fp32 masters");
+  }
+  std::string targets;
+  for (const std::string& t : c.lora->targets) targets += (targets.empty() ? "" : ",") + t;
+  return str_of("train: mode: LoRA (", why, "): rank ", c.lora->rank, ", alpha ", c.lora->alpha,
+                c.lora->rslora ? " (rsLoRA)" : "", ", targets ", targets);
 }
 
 // On --resume: the checkpoint's config, with the run flags given on this
@@ -238,10 +261,8 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
     const TierRunConfig tier = config.tier;  // where experts run is this process's choice
     config = resumed_config(config, control.resume, cmd);
     config.tier = tier;
-  } else if (!f.full && !config.lora && rank == 0) {
-    std::cerr << "train: neither --full nor --lora-rank given: full fine-tuning (every parameter "
-                 "trainable, fp32 masters)\n";
   }
+  if (rank == 0) std::cerr << mode_line(config, f, !f.resume.empty()) << "\n";
   control.comm = mpi;
   control.log = rank == 0 ? &std::cerr : nullptr;
   control.progress_tty = ::isatty(STDERR_FILENO) == 1;
@@ -295,10 +316,18 @@ void add_train_command(CLI::App& app) {
   CLI::App* cmd = app.add_subcommand(
       "train",
       "Fine-tune a model (full or LoRA); with no arguments, the tiny demo on a built-in corpus");
-  cmd->add_option("--model", c.model_dir, "Hugging Face checkpoint directory to start from");
-  cmd->add_option("--preset", c.preset, "Without --model: a preset initialised at random")
-      ->capture_default_str();
-  cmd->add_option("--layers", f->layers, "Decoder layers of the preset (default: the preset's)");
+  CLI::Option* model =
+      cmd->add_option("--model", c.model_dir, "Hugging Face checkpoint directory to start from");
+  CLI::Option* preset_opt =
+      cmd->add_option("--preset", c.preset, "Without --model: a preset initialised at random")
+          ->capture_default_str();
+  CLI::Option* layers =
+      cmd->add_option("--layers", f->layers, "Decoder layers of the preset (default: the preset's)")
+          ->check(count_in(1, ModelConfig::kMaxLayers));
+  // A checkpoint has its own shape: a preset or a layer count beside it
+  // would be ignored.
+  model->excludes(preset_opt);
+  model->excludes(layers);
   cmd->add_option("--data", c.data_file,
                   "Token file (.npy or llm.c .bin), or SFT JSON Lines (input_ids + labels or "
                   "assistant_mask); default: the built-in Markov corpus");
@@ -306,18 +335,28 @@ void add_train_command(CLI::App& app) {
                 "SFT data: one example per row, padded (default: examples packed into rows)");
   cmd->add_option("--lm-head-chunk", c.lm_head_chunk,
                   "Token rows per LM head chunk: the logits are never whole (0: all at once)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(count_in(0, kMaxCount));
   cmd->add_option("--corpus-tokens", c.corpus_tokens, "Tokens sampled from the built-in corpus")
-      ->capture_default_str();
-  cmd->add_option("--steps", t.steps, "Optimizer steps")->capture_default_str();
-  cmd->add_option("--batch", t.batch, "Sequences per micro-batch")->capture_default_str();
-  cmd->add_option("--seq-len", t.seq_len, "Tokens per sequence")->capture_default_str();
+      ->capture_default_str()
+      ->check(count_in(2, int64_t(1) << 30, "the corpus is held in memory, 4 bytes a token"));
+  cmd->add_option("--steps", t.steps, "Optimizer steps")
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
+  cmd->add_option("--batch", t.batch, "Sequences per micro-batch")
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
+  cmd->add_option("--seq-len", t.seq_len, "Tokens per sequence")
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
   cmd->add_option("--grad-accum", t.grad_accum, "Micro-batches per optimizer step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
   cmd->add_option("--dtype", f->dtype, "Compute dtype: bf16|f32|f64")->capture_default_str();
   cmd->add_option("--seed", c.seed, "Seed of the random init, LoRA init, corpus sample and shuffle")
       ->capture_default_str();
-  cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)");
+  cmd->add_option("--threads", f->threads, "CPU threads (default: all cores)")
+      ->check(count_in(1, max_threads(), "4 x the cores: more only oversubscribe them"));
   cmd->add_option("--remat", c.remat, "Remat policy: none|full|default|save-w2-only|save:<regions>")
       ->capture_default_str();
   cmd->add_option("--absorb-scores", c.absorb, "Absorb router scores: auto|on|off")
@@ -339,11 +378,17 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--adam-eps", t.adamw.eps)->capture_default_str();
   cmd->add_option("--momentum", t.sgd.momentum, "SGD momentum")->capture_default_str();
   cmd->add_option("--max-grad-norm", t.max_grad_norm, "Global-norm clipping (0: off)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0, HUGE_VAL, "a norm; 0 turns clipping off"));
   cmd->add_flag("--no-shuffle", f->no_shuffle, "Walk the data windows in order");
 
-  cmd->add_flag("--full", f->full, "Full fine-tuning: every parameter trainable (fp32 masters)");
-  cmd->add_option("--lora-rank", f->lora_rank, "LoRA rank R")->capture_default_str();
+  cmd->add_flag("--full", f->full,
+                "Full fine-tuning: every parameter trainable (fp32 masters); the mode when no "
+                "--lora-* flag is given");
+  cmd->add_option("--lora-rank", f->lora_rank,
+                  "LoRA rank R; any --lora-* flag selects LoRA (rank 8 when only the others are "
+                  "given), none means full fine-tuning")
+      ->check(count_in(1, int64_t(1) << 16));
   cmd->add_option("--lora-alpha", f->lora_alpha, "LoRA alpha (default: the rank)");
   cmd->add_option("--lora-targets", f->lora_targets,
                   "Comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj "
@@ -352,38 +397,55 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lora-init", f->lora_init, "PEFT adapter directory to start from");
 
   TierRunConfig& d = c.tier;
-  cmd->add_option("--device", d.device,
-                  "Device tier for hot experts: cpu (the CPU backend), cuda or cuda:N (a GPU; "
-                  "builds with the CUDA toolkit), or none")
-      ->capture_default_str();
-  cmd->add_option("--device-memory", f->device_memory,
-                  "The device tier's memory budget, e.g. 2GiB (required with --device)");
-  cmd->add_option("--placement", d.placement,
-                  "auto (the planner's cost model) | device (as many as fit, hottest first) | "
-                  "host (none)")
-      ->capture_default_str();
-  cmd->add_option("--device-threads", d.device_threads,
-                  "CPU device: its kernel threads (default: half the cores; the host keeps the "
-                  "rest while it runs)");
-  cmd->add_option("--profile-in", d.profile_in, "Routing profile (JSON) to place experts from at once");
-  cmd->add_option("--profile-out", d.profile_out, "Write the routing profile (JSON) at the end");
-  cmd->add_option("--profile-decay", d.profile_decay, "Routing profile EMA decay per step")
-      ->capture_default_str();
-  cmd->add_option("--replan-horizon", d.horizon_steps,
-                  "Steps a re-placement must pay for itself in (weights moved vs time gained)")
-      ->capture_default_str();
-  cmd->add_option("--replan-min-gain", d.min_gain,
-                  "Hysteresis: a re-placement must gain this fraction of the predicted step")
-      ->capture_default_str();
-  cmd->add_flag("--no-replan", f->no_replan, "Keep the first placement for the whole run");
+  CLI::Option* device =
+      cmd->add_option("--device", d.device,
+                      "Device tier for hot experts: cpu (the CPU backend), cuda or cuda:N (a GPU; "
+                      "builds with the CUDA toolkit), or none")
+          ->capture_default_str();
+  // The device tier's settings mean nothing without a device: each needs
+  // --device rather than being silently ignored.
+  std::vector<CLI::Option*> tier_flags;
+  tier_flags.push_back(
+      cmd->add_option("--device-memory", f->device_memory,
+                      "The device tier's memory budget, e.g. 2GiB (required with --device)"));
+  tier_flags.push_back(cmd->add_option("--placement", d.placement,
+                                       "auto (the planner's cost model) | device (as many as "
+                                       "fit, hottest first) | host (none)")
+                           ->capture_default_str());
+  tier_flags.push_back(
+      cmd->add_option("--device-threads", d.device_threads,
+                      "CPU device: its kernel threads (default: half the cores; the host keeps "
+                      "the rest while it runs)")
+          ->check(count_in(1, max_threads(), "4 x the cores: more only oversubscribe them")));
+  tier_flags.push_back(cmd->add_option("--profile-in", d.profile_in,
+                                       "Routing profile (JSON) to place experts from at once"));
+  tier_flags.push_back(cmd->add_option("--profile-out", d.profile_out,
+                                       "Write the routing profile (JSON) at the end"));
+  tier_flags.push_back(
+      cmd->add_option("--profile-decay", d.profile_decay, "Routing profile EMA decay per step")
+          ->capture_default_str());
+  tier_flags.push_back(
+      cmd->add_option("--replan-horizon", d.horizon_steps,
+                      "Steps a re-placement must pay for itself in (weights moved vs time gained)")
+          ->capture_default_str()
+          ->check(count_in(1, kMaxCount)));
+  tier_flags.push_back(
+      cmd->add_option("--replan-min-gain", d.min_gain,
+                      "Hysteresis: a re-placement must gain this fraction of the predicted step")
+          ->capture_default_str());
+  tier_flags.push_back(
+      cmd->add_flag("--no-replan", f->no_replan, "Keep the first placement for the whole run"));
+  for (CLI::Option* o : tier_flags) o->needs(device);
 
   cmd->add_option("--out", f->control.out_dir,
                   "Directory for checkpoint-<step>/ and the final export (final/ or adapter/)");
   cmd->add_option("--save-every", f->control.save_every, "Checkpoint every N steps (0: at the end)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(count_in(0, kMaxCount));
   cmd->add_option(
-      "--stop-after", f->control.stop_after,
-      "Stop (with a checkpoint) once N steps are done; the schedule still spans --steps");
+         "--stop-after", f->control.stop_after,
+         "Stop (with a checkpoint) once N steps are done; the schedule still spans --steps")
+      ->check(count_in(1, kMaxCount, "leave it out to run every step"));
   cmd->add_option("--resume", f->resume,
                   "Continue bitwise from a checkpoint dir, or the latest one under an --out dir");
   cmd->add_option("--metrics", f->control.metrics_file, "JSONL file: one line of metrics per step");
@@ -391,14 +453,17 @@ void add_train_command(CLI::App& app) {
                   "HTML run report (tiermoe report's page), refreshed at each checkpoint and "
                   "written at the end; the metrics go to OUT/metrics.jsonl unless --metrics");
   cmd->add_option("--progress-every", f->control.progress_every,
-                  "Without a terminal: a progress line every N steps (default: about 25 a run)");
+                  "Without a terminal: a progress line every N steps (default: about 25 a run)")
+      ->check(count_in(1, kMaxCount));
   cmd->add_flag("--json", f->json, "Print a JSON summary as the last stdout line");
   cmd->add_option("--ep", f->ep,
                   "Expert and data parallelism over N ranks (start with mpirun -np N; N must "
-                  "divide the expert count and --grad-accum)");
+                  "divide the expert count and --grad-accum)")
+      ->check(count_in(1, int64_t(1) << 16));
   cmd->add_option("--comm-timeout", f->comm_timeout,
                   "Seconds a collective may wait for the other ranks before the run stops")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0.001, 1e7, "seconds"));
   cmd->add_option("--inject-fault", f->inject_fault,
                   "Tests: KIND:RANK:STEP, KIND kill|hang|error, on that rank before that step")
       ->group("");

@@ -7,7 +7,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 
 namespace tiermoe {
 
@@ -300,8 +302,15 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
 }
 
 int64_t ModelConfig::num_moe_layers() const {
-  int64_t n = 0;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) n += is_moe_layer(l);
+  if (num_experts <= 0 || decoder_sparse_step <= 0 || num_hidden_layers <= 0) return 0;
+  // Counted without visiting every layer: a config may claim 2^63 of them.
+  int64_t n = num_hidden_layers / decoder_sparse_step;
+  std::vector<int64_t> dense = mlp_only_layers;
+  std::sort(dense.begin(), dense.end());
+  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+  for (int64_t l : dense) {
+    if (l >= 0 && l < num_hidden_layers && (l + 1) % decoder_sparse_step == 0) --n;
+  }
   return n;
 }
 
@@ -332,6 +341,25 @@ void ModelConfig::validate(const std::string& where) const {
   positive("num_experts_per_tok", num_experts_per_tok);
   positive("decoder_sparse_step", decoder_sparse_step);
   positive("max_position_embeddings", max_position_embeddings);
+  TIERMOE_CHECK(vocab_size <= kMaxVocab,
+                str_of("config field 'vocab_size' is ", vocab_size, ", more than the 2^31 ids ",
+                       "TierMoE's 32-bit token ids can name"),
+                where, "published vocabularies have under a million tokens; fix the value");
+  // Bounded before anything loops over layers or lists per-expert tensors.
+  const char* experts_field = family == ModelFamily::mixtral ? "num_local_experts" : "num_experts";
+  TIERMOE_CHECK(num_hidden_layers <= kMaxLayers,
+                str_of("config field 'num_hidden_layers' is ", num_hidden_layers,
+                       ", more than the ", kMaxLayers, " layers TierMoE accepts"),
+                where, "published models have at most a few hundred layers; fix the value");
+  TIERMOE_CHECK(num_experts <= kMaxExperts,
+                str_of("config field '", experts_field, "' is ", num_experts, ", more than the ",
+                       kMaxExperts, " experts per layer TierMoE accepts"),
+                where, "published MoE models have at most a few hundred experts; fix the value");
+  TIERMOE_CHECK(num_moe_layers() * num_experts <= kMaxExpertTensors,
+                str_of(num_moe_layers(), " MoE layers x ", num_experts, " experts is ",
+                       num_moe_layers() * num_experts, " experts in all, more than the ",
+                       kMaxExpertTensors, " TierMoE accepts"),
+                where, "check num_hidden_layers and the expert count");
 
   TIERMOE_CHECK(num_attention_heads % num_key_value_heads == 0,
                 str_of("num_attention_heads ", num_attention_heads,
@@ -366,6 +394,15 @@ void ModelConfig::validate(const std::string& where) const {
                 str_of("pad_token_id ", pad_token_id.value_or(0), " is outside the vocabulary (",
                        vocab_size, ")"),
                 where, "pad_token_id indexes the embedding; set it below vocab_size or to null");
+  auto token_in_vocab = [&](const char* field, int64_t id) {
+    TIERMOE_CHECK(id >= 0 && id < vocab_size,
+                  str_of("config field '", field, "' is ", id, ", outside the vocabulary [0, ",
+                         vocab_size, ")"),
+                  where,
+                  str_of(field, " indexes the embedding; set it below vocab_size or to null"));
+  };
+  if (bos_token_id) token_in_vocab("bos_token_id", *bos_token_id);
+  for (int64_t id : eos_token_id) token_in_vocab("eos_token_id", id);
   TIERMOE_CHECK(!clip_qkv || *clip_qkv > 0,
                 str_of("clip_qkv must be positive, got ", clip_qkv.value_or(0)), where,
                 "set clip_qkv to null to disable clipping");
@@ -381,13 +418,14 @@ void ModelConfig::validate(const std::string& where) const {
   TIERMOE_CHECK(family != ModelFamily::qwen3_moe || intermediate_size > 0 ||
                     num_moe_layers() == num_hidden_layers,
                 "intermediate_size must be positive when some layers are dense", where, "");
+  param_counts(*this, where);  // throws when a count overflows 64 bits
 }
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& path) {
   Json j;
   try {
     j = Json::parse(json_text);
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {
     throw Error(str_of("invalid JSON: ", e.what()), path,
                 "config.json must be one JSON object as transformers writes it");
   }
@@ -412,6 +450,8 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
 ModelConfig load_model_config(const std::string& path) {
   std::filesystem::path p(path);
   if (std::filesystem::is_directory(p)) p /= "config.json";
+  require_regular_file(p.string(), "config.json",
+                       "a checkpoint directory holds config.json next to its safetensors files");
   std::ifstream in(p, std::ios::binary);
   TIERMOE_CHECK(in.good(), "cannot open config.json", p.string(),
                 "a checkpoint directory holds config.json next to its safetensors files");
@@ -540,8 +580,9 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     throw Error(str_of("unknown preset '", name, "'"), "--preset", "use one of " + names);
   }
   if (layers) {
-    TIERMOE_CHECK(*layers > 0, str_of("--layers must be positive, got ", *layers), "--layers",
-                  "the model needs at least one decoder layer");
+    check_in_range(*layers, 1, ModelConfig::kMaxLayers, "--layers",
+                   "the model needs at least one decoder layer, and published models have at "
+                   "most a few hundred");
     c.num_hidden_layers = *layers;
   }
   c.max_window_layers = c.num_hidden_layers;
@@ -549,29 +590,38 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   return c;
 }
 
-ParamCounts param_counts(const ModelConfig& c) {
+ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
+  // Every product is checked: a config's sizes are untrusted until counted.
+  auto mul = [&](std::initializer_list<int64_t> f) {
+    return checked_product(f, "the parameter count", where);
+  };
+  auto add = [&](std::initializer_list<int64_t> terms) {
+    int64_t sum = 0;
+    for (int64_t t : terms) sum = checked_add(sum, t, "the parameter count", where);
+    return sum;
+  };
   const int64_t D = c.hidden_size, P = c.head_dim, H = c.num_attention_heads;
   const int64_t Hkv = c.num_key_value_heads, E = c.num_experts, K = c.num_experts_per_tok;
   ParamCounts n;
-  n.embedding = c.vocab_size * D;
-  n.per_expert = 3 * D * c.moe_intermediate_size;
+  n.embedding = mul({c.vocab_size, D});
+  n.per_expert = mul({3, D, c.moe_intermediate_size});
 
-  int64_t attention = D * H * P + 2 * D * Hkv * P + H * P * D;  // q, k, v, o
-  if (c.attention_bias) attention += H * P + 2 * Hkv * P + D;
+  int64_t attention = add({mul({D, H, P}), mul({2, D, Hkv, P}), mul({H, P, D})});  // q, k, v, o
+  if (c.attention_bias) attention = add({attention, mul({H, P}), mul({2, Hkv, P}), D});
   switch (c.qk_norm()) {
     case QkNorm::none: break;
-    case QkNorm::per_head: attention += 2 * P; break;
-    case QkNorm::whole: attention += H * P + Hkv * P; break;
+    case QkNorm::per_head: attention = add({attention, mul({2, P})}); break;
+    case QkNorm::whole: attention = add({attention, mul({H, P}), mul({Hkv, P})}); break;
   }
-  const int64_t per_layer = attention + 2 * D;  // plus input and post-attention norms
+  const int64_t per_layer = add({attention, mul({2, D})});  // plus input and post-attention norms
   const int64_t moe_layers = c.num_moe_layers();
   const int64_t dense_layers = c.num_hidden_layers - moe_layers;
 
-  n.experts = moe_layers * E * n.per_expert;
-  n.total = n.embedding + D + (c.tie_word_embeddings ? 0 : n.embedding) +
-            c.num_hidden_layers * per_layer + moe_layers * E * D /* routers */ + n.experts +
-            dense_layers * 3 * D * c.intermediate_size;
-  n.active_per_token = n.total - moe_layers * (E - K) * n.per_expert;
+  n.experts = mul({moe_layers, E, n.per_expert});
+  n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
+                 mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
+                 n.experts, mul({dense_layers, 3, D, c.intermediate_size})});
+  n.active_per_token = n.total - mul({moe_layers, std::max<int64_t>(E - K, 0), n.per_expert});
   return n;
 }
 

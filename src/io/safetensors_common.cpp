@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 
 namespace tiermoe {
@@ -156,7 +157,7 @@ nlohmann::json parse_json_strict(std::string_view text, int max_depth, const std
   };
   try {
     return json::parse(text.begin(), text.end(), callback);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw Error(what + " is not valid JSON: " + e.what(), where,
                 "the file is corrupt or not in this format");
   }
@@ -216,10 +217,9 @@ void AtomicFile::commit() {
 }
 
 std::string read_small_file(const std::string& path, uint64_t max_bytes) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TIERMOE_CHECK(fd >= 0, "cannot open: " + errno_text(), path, "check the path");
+  const int fd = open_regular_file(path, "file", "check the path");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || uint64_t(st.st_size) > max_bytes) {
+  if (::fstat(fd, &st) != 0 || uint64_t(st.st_size) > max_bytes) {
     ::close(fd);
     throw Error("not a regular file of at most " + std::to_string(max_bytes) + " bytes", path,
                 "check the path");

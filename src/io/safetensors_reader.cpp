@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "safetensors_common.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 
 namespace tiermoe {
@@ -178,14 +179,9 @@ DType tiermoe_dtype(const SafetensorsEntry& e, const std::string& path) {
 }  // namespace
 
 std::shared_ptr<SafetensorsFile::Mapping> SafetensorsFile::map_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TIERMOE_CHECK(fd >= 0, std::string("cannot open safetensors file: ") + std::strerror(errno),
-                path, "check the path");
+  const int fd = open_regular_file(path, "safetensors file", "pass a .safetensors file");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error("not a regular file", path, "pass a .safetensors file");
-  }
+  ::fstat(fd, &st);
   auto map = std::make_shared<Mapping>();
   map->size = size_t(st.st_size);
   if (map->size < 8) {

@@ -5,6 +5,7 @@
 
 #include "safetensors_common.h"
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 
 namespace tiermoe {
 
@@ -84,6 +85,7 @@ SftExample parse_line(const json& j, const std::string& where, int64_t line) {
 }  // namespace
 
 std::vector<SftExample> read_sft_jsonl(const std::string& path) {
+  require_regular_file(path, "SFT data file", "check the path");
   std::ifstream in(path, std::ios::binary);
   TIERMOE_CHECK(in.good(), "cannot open the SFT data file", path, "check the path");
   std::vector<SftExample> out;
@@ -106,6 +108,9 @@ std::vector<SftExample> read_sft_jsonl(const std::string& path) {
 }
 
 bool is_sft_jsonl(const std::string& path) {
+  // Sniffing a FIFO would block; every data file is a regular file.
+  require_regular_file(path, "data file",
+                       "--data takes a token file (.npy, llm.c .bin) or SFT JSON Lines");
   if (path.ends_with(".jsonl") || path.ends_with(".json")) return true;
   std::ifstream in(path, std::ios::binary);
   char c = 0;

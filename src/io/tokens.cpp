@@ -10,6 +10,7 @@
 #include <optional>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 
 namespace tiermoe {
 
@@ -23,6 +24,8 @@ using detail::str_of;
 constexpr char kNpyMagic[] = "\x93NUMPY";
 constexpr size_t kNpyMagicLen = 6;
 constexpr size_t kLlmcHeaderBytes = 1024;
+// numpy.load refuses larger headers by default (max_header_size).
+constexpr uint64_t kNpyMaxHeaderBytes = 10000;
 
 size_t token_size(TokenDType dt) {
   switch (dt) {
@@ -54,10 +57,11 @@ std::optional<TokenDType> parse_npy_descr(const std::string& d) {
 // An open token file: its size and sequential reads that fail with the path.
 class Reader {
  public:
-  explicit Reader(const std::string& path) : path_(path), in_(path, std::ios::binary) {
+  explicit Reader(const std::string& path) : path_(path) {
+    require_regular_file(path, "token file", "check the path given to --data");
+    in_.open(path, std::ios::binary);
+    TIERMOE_CHECK(in_.good(), "cannot open token file", path, "check the path given to --data");
     std::error_code ec;
-    TIERMOE_CHECK(in_.good() && std::filesystem::is_regular_file(path, ec),
-                  "cannot open token file", path, "check the path given to --data");
     size_ = std::filesystem::file_size(path, ec);
     TIERMOE_CHECK(!ec, "cannot stat token file: " + ec.message(), path, "");
   }
@@ -243,6 +247,16 @@ std::vector<int32_t> read_npy(Reader& r, const std::string& path) {
     r.read(&n, 4, ".npy header length");
     header_len = n;
   }
+  // Checked before the header is allocated: a 14-byte file may claim 4 GiB.
+  TIERMOE_CHECK(header_len <= r.size() - r.pos(),
+                str_of("file is truncated: the .npy header claims ", header_len,
+                       " bytes but the file has ", r.size() - r.pos(), " after the length field"),
+                path,
+                "the file was cut short or is not a .npy file; regenerate it with numpy.save");
+  TIERMOE_CHECK(header_len <= kNpyMaxHeaderBytes,
+                str_of("the .npy header claims ", header_len, " bytes, more than the ",
+                       kNpyMaxHeaderBytes, " numpy itself reads"),
+                path, "a token array's header is under 200 bytes; regenerate it with numpy.save");
   std::string text(header_len, '\0');
   r.read(text.data(), header_len, ".npy header");
   const auto h = NpyHeaderParser(text, path).parse();

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
 #include "tiermoe/core/timer.h"
@@ -255,6 +256,16 @@ DeviceRates measure_device(Device& dev, const ExpertShape& s, TrainMode m,
   }
   if (meter) meter->advance(1);
   return r;
+}
+
+size_t measure_host_bytes(const ExpertShape& s, TrainMode m) {
+  const std::string what = "the start-up measurement's memory", where = "expert shape";
+  const int64_t value = int64_t(dtype_size(s.dtype));
+  // The experts' weights (and their gradients in full mode), then x, dy, y, dx.
+  const int64_t weights = checked_product(
+      {kHostExperts, 3, s.D, s.F, value, m == TrainMode::full ? 2 : 1}, what, where);
+  const int64_t rows = checked_product({4, kHostExperts, kHostRows, s.D, value}, what, where);
+  return size_t(checked_add(weights, rows, what, where));
 }
 
 size_t measure_device_bytes(const ExpertShape& s, TrainMode m,

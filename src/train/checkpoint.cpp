@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/model/checkpoint.h"
 
@@ -61,6 +62,7 @@ void write_text(const fs::path& path, const std::string& text) {
 }
 
 json read_json(const fs::path& path) {
+  require_regular_file(path.string(), "checkpoint file", "is this a tiermoe checkpoint?");
   std::ifstream in(path, std::ios::binary);
   TIERMOE_CHECK(in.good(), "cannot read file", path.string(), "is this a tiermoe checkpoint?");
   try {

@@ -2,9 +2,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/io/tokens.h"
+#include "tiermoe/model/memory_estimate.h"
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/remat/policy.h"
 #include "tiermoe/train/sft_data.h"
@@ -151,10 +153,37 @@ CausalLM random_model(const TrainConfig& c, Comm* comm) {
   return model;
 }
 
+// Before the first tensor is allocated: the model, its gradients and
+// optimizer state, and one micro-batch's activations must fit the host.
+void check_fits_host(const TrainConfig& c, int ranks) {
+  const bool from_preset = c.model_dir.empty();
+  const ModelConfig model =
+      from_preset ? preset(c.preset, c.layers) : load_model_config(c.model_dir);
+  const TrainerOptions& t = c.trainer;
+  RunMemoryShape run;
+  run.dtype = c.dtype;
+  run.backward = true;
+  run.full_ft = !c.lora;
+  run.optimizer_states = t.optimizer == OptimizerKind::adamw ? 2 : (t.sgd.momentum > 0 ? 1 : 0);
+  run.tokens = checked_mul(t.batch, t.seq_len, "--batch x --seq-len", "--batch");
+  run.lm_head_chunk = c.lm_head_chunk;
+  run.ranks = ranks;
+  const std::string where = from_preset
+                                ? str_of("--preset ", c.preset,
+                                         c.layers ? str_of(" --layers ", *c.layers) : std::string())
+                                : c.model_dir;
+  check_host_memory_for(
+      model, run, where, "--batch x --seq-len",
+      str_of(from_preset ? "pass fewer --layers, " : "",
+             c.lora ? "" : "train LoRA adapters (--lora-rank) instead of --full, ",
+             "use a smaller --batch or --seq-len, or a machine with more memory"));
+}
+
 }  // namespace
 
 CausalLM build_model(const TrainConfig& c, Comm* comm, ProgressSink progress) {
   c.validate();
+  check_fits_host(c, comm ? comm->size() : 1);
   CausalLM model = c.model_dir.empty()
                        ? random_model(c, comm)
                        : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm, progress);

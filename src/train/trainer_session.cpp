@@ -90,6 +90,12 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   const bool is_rank0 = !comm || comm->rank() == 0;
   const ProgressSink loading{log, control.progress_tty};
   CausalLM model = ck ? resume_model(*ck, comm, loading) : build_model(config, comm, loading);
+  if (log && config.trainer.seq_len > model.config().max_position_embeddings) {
+    *log << "warning: --seq-len " << config.trainer.seq_len
+         << " exceeds the model's max_position_embeddings ("
+         << model.config().max_position_embeddings
+         << "): RoPE runs on, but the model never saw positions that far\n";
+  }
   std::unique_ptr<MarkovCorpus> corpus;
   const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
   const RowSource& data = *rows;

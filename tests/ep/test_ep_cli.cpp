@@ -70,7 +70,7 @@ TEST_F(EpCli, TwoRanksTrainTheOneRankModel) {
   // Rank 0 alone speaks: one summary, one set of progress lines.
   EXPECT_EQ(count(two.out, "\"losses\""), 1) << two.out;
   EXPECT_EQ(count(two.err, "step 4/4"), 1) << two.err;
-  EXPECT_EQ(count(two.err, "full fine-tuning (every parameter"), 1) << two.err;
+  EXPECT_EQ(count(two.err, "train: mode: full fine-tuning"), 1) << two.err;
   EXPECT_TRUE(contains(two.err, "2 ranks over mpi")) << two.err;
   const std::string metrics = slurp(path("m.jsonl"));
   EXPECT_EQ(count(metrics, "\"step\""), 4);

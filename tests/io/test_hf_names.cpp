@@ -82,7 +82,7 @@ TEST(HfNames, OlmoeNormalisesWholeProjections) {
   ModelConfig c = parse_model_config(R"({"model_type": "olmoe", "vocab_size": 90,
       "hidden_size": 32, "intermediate_size": 20, "num_hidden_layers": 1,
       "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4,
-      "num_experts_per_tok": 2})",
+      "num_experts_per_tok": 2, "eos_token_id": 89})",
                                      "c");
   auto m = by_name(c);
   EXPECT_EQ(m.at("model.layers.0.self_attn.q_norm.weight"), (Shape{32}));

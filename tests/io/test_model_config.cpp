@@ -348,7 +348,7 @@ TEST(ModelConfig, ParamCountsMatchTheTensorList) {
   configs.push_back(parse_model_config(R"({"model_type": "olmoe", "vocab_size": 90,
       "hidden_size": 32, "intermediate_size": 20, "num_hidden_layers": 2,
       "num_attention_heads": 4, "num_key_value_heads": 2, "num_experts": 4,
-      "num_experts_per_tok": 2})",
+      "num_experts_per_tok": 2, "eos_token_id": 89})",
                                        "olmoe"));
   for (const ModelConfig& c : configs) {
     int64_t total = 0, experts = 0;

@@ -32,6 +32,15 @@ enum class QkNorm : uint8_t {
 };
 
 struct ModelConfig {
+  // Bounds on what a config may claim, far above any published model (the
+  // deepest MoE configs have under 100 layers, the widest 384 experts per
+  // layer) and low enough that the per-layer and per-expert lists built from
+  // a config (tensor names, routing profiles) stay a few hundred MB at most.
+  static constexpr int64_t kMaxLayers = int64_t(1) << 14;
+  static constexpr int64_t kMaxExperts = int64_t(1) << 14;
+  static constexpr int64_t kMaxExpertTensors = int64_t(1) << 18;  // MoE layers x experts
+  static constexpr int64_t kMaxVocab = int64_t(1) << 31;          // token ids are int32
+
   ModelFamily family = ModelFamily::qwen3_moe;
   std::string model_type = "qwen3_moe";
 
@@ -100,6 +109,8 @@ struct ParamCounts {
   int64_t embedding = 0;         // V * D (the input embedding alone)
   int64_t experts = 0;           // every expert of every MoE layer
 };
-ParamCounts param_counts(const ModelConfig& config);
+// Every product overflow-checked: an Error at `where` when a count does not
+// fit int64 (validate() runs it, so a validated config always counts).
+ParamCounts param_counts(const ModelConfig& config, const std::string& where = "config.json");
 
 }  // namespace tiermoe

@@ -139,6 +139,9 @@ size_t bytes_workspace(const ExpertShape& s, int64_t G);
 // Host: GroupedExperts forward_rows + backward_rows (dW in full mode) over a
 // few experts of 256 rows each, on `threads` threads; returns flops/s.
 double measure_host(const ExpertShape& s, TrainMode m, int threads);
+// Host memory measure_host allocates (overflow-checked: an Error when the
+// shape's sizes overflow).
+size_t measure_host_bytes(const ExpertShape& s, TrainMode m);
 // Device: the mode's two graphs at the largest bucket (flops/s), a few MB up
 // and down (link bytes/s), and the forward graph at a tiny shape and the
 // smallest bucket (launch_s). Frees everything it allocated.

@@ -1,0 +1,21 @@
+#pragma once
+// Opening files a user names (checkpoints, shards, data, profiles) without
+// hanging: open(2) on a FIFO blocks until a writer appears, and reading a
+// character device never ends, so anything that is not a regular file is an
+// Error naming the path and what it is instead.
+#include <string>
+
+namespace tiermoe {
+
+// Throws unless `path` (symlinks followed) is a regular file: "no such
+// file", "is a directory", "is a FIFO", ... with `what` (e.g. "token file")
+// and `hint`. For readers that open the path themselves afterwards.
+void require_regular_file(const std::string& path, const std::string& what,
+                          const std::string& hint);
+
+// open(path, O_RDONLY) that cannot block: the descriptor of a regular file,
+// or the Error require_regular_file throws (nothing left open). The caller
+// closes the descriptor.
+int open_regular_file(const std::string& path, const std::string& what, const std::string& hint);
+
+}  // namespace tiermoe
