@@ -41,6 +41,21 @@ int64_t flock_holder(ino_t ino) {
   return 0;
 }
 
+// Removes (or renames) a path, as an Error naming it when that fails.
+void remove_path(const fs::path& p) {
+  std::error_code ec;
+  fs::remove_all(p, ec);
+  TIERMOE_CHECK(!ec, "cannot remove it: " + ec.message(), p.string(),
+                "check the --out directory's permissions");
+}
+
+void rename_path(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  TIERMOE_CHECK(!ec, str_of("cannot rename it to ", to.string(), ": ", ec.message()), from.string(),
+                "check the --out directory's permissions");
+}
+
 uint64_t bytes_under(const fs::path& p) {
   uint64_t n = 0;
   std::error_code ec;
@@ -80,8 +95,8 @@ OutDirLock::OutDirLock(const std::string& dir) : path_((fs::path(dir) / kOutDirL
                   "wait until it has finished, or pass another --out (two runs would overwrite "
                   "each other's checkpoints)");
     }
-    struct stat held {
-    }, named{};
+    struct stat held = {};
+    struct stat named = {};
     if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
         held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
       return;
@@ -111,12 +126,12 @@ OutDirCleanup clean_out_dir(const std::string& dir) {
     const fs::path p = fs::path(dir) / name;
     const fs::path target = fs::path(dir) / m[1].str();
     if (m[2] == "old" && !fs::exists(target)) {
-      fs::rename(p, target);
+      rename_path(p, target);
       out.restored.push_back(target.string());
       continue;
     }
     out.removed_bytes += bytes_under(p);
-    fs::remove_all(p);
+    remove_path(p);
     out.removed.push_back(p.string());
   }
   return out;
@@ -135,8 +150,8 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
     const fs::path p = others[size_t(i)].second;
     const fs::path aside =
         p.parent_path() / str_of(".", p.filename().string(), ".del-", ::getpid());
-    fs::rename(p, aside);
-    fs::remove_all(aside);
+    rename_path(p, aside);
+    remove_path(aside);
     removed.push_back(p.string());
   }
   return removed;
