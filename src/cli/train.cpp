@@ -10,9 +10,9 @@
 //
 // --resume takes the run's flags from the checkpoint; a flag given again
 // must say the same thing (a different value is an Error naming it), except
-// the run-control flags (--out, --save-every, --stop-after, --metrics,
-// --json, --threads), which are this process's own; --out defaults to the
-// directory holding the checkpoint.
+// the run-control flags (--out, --save-every, --keep-last, --stop-after,
+// --metrics, --json, --threads, --divergence-*), which are this process's
+// own; --out defaults to the directory holding the checkpoint.
 //
 // `mpirun -np P tiermoe train --ep P ...` trains one model over P ranks:
 // expert parallel (each rank holds E/P of every MoE layer's experts) and
@@ -442,6 +442,10 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--save-every", f->control.save_every, "Checkpoint every N steps (0: at the end)")
       ->capture_default_str()
       ->check(count_in(0, kMaxCount));
+  cmd->add_option("--keep-last", f->control.keep_last,
+                  "Keep only the N newest checkpoints in --out (0: every one)")
+      ->capture_default_str()
+      ->check(count_in(0, kMaxCount));
   cmd->add_option(
          "--stop-after", f->control.stop_after,
          "Stop (with a checkpoint) once N steps are done; the schedule still spans --steps")
@@ -455,6 +459,14 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--progress-every", f->control.progress_every,
                   "Without a terminal: a progress line every N steps (default: about 25 a run)")
       ->check(count_in(1, kMaxCount));
+  cmd->add_option("--divergence-patience", f->control.divergence.patience,
+                  "Stop when the loss stays above --divergence-factor x its running mean, or at "
+                  "chance with a vanished gradient, for N steps in a row (0: never)")
+      ->capture_default_str()
+      ->check(count_in(0, kMaxCount));
+  cmd->add_option("--divergence-factor", f->control.divergence.factor,
+                  "How many times its running mean a loss must reach to count as blown up")
+      ->capture_default_str();
   cmd->add_flag("--json", f->json, "Print a JSON summary as the last stdout line");
   cmd->add_option("--ep", f->ep,
                   "Expert and data parallelism over N ranks (start with mpirun -np N; N must "

@@ -196,17 +196,23 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
 
 void RoutingProfile::save(const std::string& path) const {
   const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TIERMOE_CHECK(out.good(), "cannot open for writing", tmp,
-                  "check the directory exists and is writable");
-    out << to_json() << "\n";
-    out.flush();
-    TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
-  }
   std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      TIERMOE_CHECK(out.good(), "cannot open for writing", tmp,
+                    "check the directory exists and is writable");
+      out << to_json() << "\n";
+      out.flush();
+      TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
+    }
+    std::filesystem::rename(tmp, path, ec);
+    TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
+  } catch (...) {
+    // A failed write (a full disk) leaves nothing beside `path`, which is untouched.
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
 }
 
 RoutingProfile RoutingProfile::load(const std::string& path) {

@@ -1,6 +1,7 @@
 #include "tiermoe/train/checkpoint.h"
 
 #include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,6 +16,7 @@
 #include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/model/checkpoint.h"
+#include "tiermoe/model/linear.h"
 
 namespace tiermoe {
 
@@ -35,23 +37,6 @@ void fsync_path(const fs::path& p) {
   ::close(fd);
   TIERMOE_CHECK(rc == 0, str_of("fsync failed: ", std::strerror(err)), p.string(),
                 "check free disk space");
-}
-
-// Steps of the checkpoint-<N> directories under `dir`, as (N, path).
-std::vector<std::pair<int64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  static const std::regex name(R"(checkpoint-(\d{1,18}))");
-  std::vector<std::pair<int64_t, fs::path>> out;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return out;
-  for (const auto& entry : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string file = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(file, m, name)) {
-      out.emplace_back(std::stoll(m[1].str()), entry.path());
-    }
-  }
-  std::sort(out.begin(), out.end());
-  return out;
 }
 
 void write_text(const fs::path& path, const std::string& text) {
@@ -239,19 +224,47 @@ void agree(Comm& comm, const std::exception_ptr& mine, const std::string& what,
   }
 }
 
+void rename_path(const fs::path& from, const fs::path& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
+  TIERMOE_CHECK(!ec, str_of("cannot rename ", from.string(), " to it: ", ec.message()), to.string(),
+                "check the directory's permissions and free space");
+}
+
 // Renames `tmp` (fsynced) to `target`, replacing it, and fsyncs the parent.
+// A directory cannot be renamed over a non-empty one, so an existing target
+// is exchanged with tmp by renameat2(RENAME_EXCHANGE), one atomic step:
+// `target` names a complete directory at every instant, the old one and
+// then the new, and the old one (now under tmp's name) is removed after; a
+// kill before that leaves a .tmp that the next run removes (out_dir.h).
+// Where the file system cannot exchange, the old directory is renamed aside
+// first: a kill between the two renames leaves only .NAME.old-PID, which the
+// next run renames back. (A symlink swapped atomically would do as well, but
+// then final/ would be a link, which cp -r and rsync copy as a link.)
 void move_into_place(const fs::path& tmp, const fs::path& target) {
   for (const auto& entry : fs::recursive_directory_iterator(tmp)) fsync_path(entry.path());
   fsync_path(tmp);
-  // A directory cannot be renamed over a non-empty one: move the old one
-  // aside first, so `dir` names either the old or the new, never a mix.
   const fs::path parent = target.parent_path();
+  std::error_code ec;
+  if (::renameat2(AT_FDCWD, tmp.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+    fsync_path(parent);
+    fs::remove_all(tmp, ec);
+    return;
+  }
+  const int err = errno;
+  if (err == ENOENT) {  // nothing to replace
+    rename_path(tmp, target);
+    fsync_path(parent);
+    return;
+  }
+  TIERMOE_CHECK(err == EINVAL || err == ENOSYS || err == ENOTSUP,
+                str_of("cannot swap ", tmp.string(), " into place: ", std::strerror(err)),
+                target.string(), "check the directory's permissions and free space");
   const fs::path old = parent / str_of(".", target.filename().string(), ".old-", ::getpid());
-  const bool replace = fs::exists(target);
-  if (replace) fs::rename(target, old);
-  fs::rename(tmp, target);
+  rename_path(target, old);
+  rename_path(tmp, target);
   fsync_path(parent);
-  if (replace) fs::remove_all(old);
+  fs::remove_all(old, ec);
 }
 
 void write_dir_across_ranks(const std::string& dir,
@@ -312,21 +325,83 @@ void write_dir_atomically(const std::string& dir,
   }
 }
 
-bool has_checkpoints(const std::string& dir) { return !list_checkpoints(dir).empty(); }
+std::vector<std::pair<int64_t, std::string>> list_checkpoint_dirs(const std::string& dir) {
+  static const std::regex name(R"(checkpoint-(\d{1,18}))");
+  std::vector<std::pair<int64_t, std::string>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::smatch m;
+    const std::string file = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(file, m, name)) {
+      out.emplace_back(std::stoll(m[1].str()), entry.path().string());
+    }
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool has_checkpoints(const std::string& dir) { return !list_checkpoint_dirs(dir).empty(); }
 
 std::string resolve_checkpoint(const std::string& path) {
   if (fs::exists(fs::path(path) / kTrainerStateFile)) return path;
-  const auto found = list_checkpoints(path);
+  const auto found = list_checkpoint_dirs(path);
   TIERMOE_CHECK(!found.empty(), "no checkpoint here (no trainer_state.json, no checkpoint-<step>/)",
                 path, "pass a checkpoint directory or the --out directory of an earlier run");
-  return found.back().second.string();
+  return found.back().second;
 }
+
+namespace {
+
+// The first tensor a checkpoint of `trainer` would hold that is not finite,
+// as "NAME holds NaN (element i)"; empty when every one is finite. Checked:
+// the trainable weights and the optimizer state (fp32 masters included).
+// Frozen weights cannot change after loading, and the forward checks them.
+std::string first_non_finite_state(const Trainer& trainer) {
+  auto check = [](const std::string& name, const Tensor& t) -> std::string {
+    const int64_t i = first_non_finite(t);
+    if (i < 0) return "";
+    return str_of(name, " holds ", t.get(i), " (element ", i, ")");
+  };
+  for (const Parameter& p : trainer.optimizer().params()) {
+    if (std::string bad = check(p.name, p.value); !bad.empty()) return bad;
+  }
+  for (const auto& [name, t] : trainer.optimizer().state_tensors()) {
+    if (std::string bad = check(name, t); !bad.empty()) return bad;
+  }
+  return "";
+}
+
+// Refuses a checkpoint of a non-finite state before anything is written,
+// on every rank alike: each rank checks what it holds and the verdicts are
+// shared, so no rank writes its part while another refuses.
+void check_finite_for_checkpoint(const Trainer& trainer, Comm* comm, const std::string& dir) {
+  std::string bad = first_non_finite_state(trainer);
+  if (comm && comm->size() > 1) {
+    // The first rank's finding, the same text on every rank.
+    const std::vector<std::string> all = comm->allgather_text(bad, "checkpoint finite check");
+    bad.clear();
+    for (int r = 0; r < comm->size() && bad.empty(); ++r) {
+      if (!all[size_t(r)].empty()) bad = str_of(all[size_t(r)], " on rank ", r);
+    }
+  }
+  TIERMOE_CHECK(
+      bad.empty(),
+      str_of("not writing ", fs::path(dir).filename().string(), " at step ", trainer.steps_done(),
+             ": ", bad, "; a checkpoint must hold finite weights and optimizer state"),
+      dir,
+      "the run diverged (lower --lr, or clip with --max-grad-norm); the checkpoints "
+      "already written are intact");
+}
+
+}  // namespace
 
 std::string save_train_checkpoint(const std::string& out_dir, const CausalLM& model,
                                   const Trainer& trainer, const TrainConfig& config) {
   const std::string dir = (fs::path(out_dir) / checkpoint_dir_name(trainer.steps_done())).string();
   Comm* comm = model.comm();
   const int P = model.ep_ranks(), me = P > 1 ? comm->rank() : 0;
+  check_finite_for_checkpoint(trainer, P > 1 ? comm : nullptr, dir);
   const TrainerState state = trainer.state();
   const LrScheduleOptions& lr = trainer.schedule().options();
   json j = {

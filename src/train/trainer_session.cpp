@@ -7,6 +7,7 @@
 #include "tiermoe/core/error.h"
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/metrics.h"
+#include "tiermoe/train/out_dir.h"
 #include "tiermoe/train/progress.h"
 
 namespace tiermoe {
@@ -70,6 +71,24 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   std::ostream* log = control.log;
 
   // Everything that can be wrong is checked here, before the first step.
+  TIERMOE_CHECK(control.keep_last >= 0, str_of("--keep-last ", control.keep_last, " must be >= 0"),
+                "--keep-last", "0 keeps every checkpoint");
+  control.divergence.validate();
+  // One run at a time on out_dir; rank 0 speaks for the job (out_dir.h).
+  const bool rank0 = !control.comm || control.comm->rank() == 0;
+  std::optional<OutDirLock> lock;
+  if (!control.out_dir.empty() && rank0) {
+    lock.emplace(control.out_dir);
+    const OutDirCleanup cleaned = clean_out_dir(control.out_dir);
+    if (log && !cleaned.removed.empty()) {
+      *log << str_of("train: removed ", cleaned.removed.size(), " temporary director",
+                     cleaned.removed.size() == 1 ? "y" : "ies", " (", cleaned.removed_bytes,
+                     " bytes) left in ", control.out_dir, " by killed runs\n");
+    }
+    for (const std::string& dir : cleaned.restored) {
+      if (log) *log << "train: restored " << dir << " (a run was killed while replacing it)\n";
+    }
+  }
   std::optional<TrainCheckpoint> ck;
   if (!control.resume.empty()) {
     ck = read_train_checkpoint(control.resume);
@@ -87,7 +106,6 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                 "0 runs every step");
 
   Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
-  const bool is_rank0 = !comm || comm->rank() == 0;
   const ProgressSink loading{log, control.progress_tty};
   CausalLM model = ck ? resume_model(*ck, comm, loading) : build_model(config, comm, loading);
   if (log && config.trainer.seq_len > model.config().max_position_embeddings) {
@@ -115,6 +133,13 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   if (ck) trainer.restore(ck->state, optimizer_state_for(ck->optimizer, model));
 
   TrainSummary out;
+  DivergenceGuard divergence(control.divergence, model.config().vocab_size);
+  if (ck) divergence.replay(ck->state.losses);
+  auto save_checkpoint = [&] {
+    out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
+    if (rank0) prune_checkpoints(control.out_dir, control.keep_last, out.last_checkpoint);
+    if (control.after_checkpoint && rank0) control.after_checkpoint(out.last_checkpoint);
+  };
   if (corpus) {
     out.loss_floor = corpus->loss_floor();
     out.unigram_entropy = corpus->unigram_entropy();
@@ -179,10 +204,11 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
       if (metrics) metrics->write(s, memory_snapshot());
       if (progress) progress->update(s, elapsed, int64_t(step_times.size()), tokens_run);
+      // Before the step's checkpoint: a diverged step's state is not saved.
+      divergence.observe(s.step, s.loss, s.grad_norm);
       if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
-        out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
+        save_checkpoint();
         saved_step = s.step;
-        if (control.after_checkpoint && is_rank0) control.after_checkpoint(out.last_checkpoint);
       }
     }
   } catch (...) {
@@ -193,10 +219,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   out.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   if (!control.out_dir.empty()) {
-    if (saved_step != trainer.steps_done()) {
-      out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
-      if (control.after_checkpoint && is_rank0) control.after_checkpoint(out.last_checkpoint);
-    }
+    if (saved_step != trainer.steps_done()) save_checkpoint();
     if (trainer.finished()) {
       out.final_export = (fs::path(control.out_dir) / (config.lora ? "adapter" : "final")).string();
       export_final(out.final_export, model, config);

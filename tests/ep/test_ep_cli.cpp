@@ -3,7 +3,10 @@
 // the all-to-all figures in the summary; and a rank that dies, hangs or
 // fails makes the whole job exit non-zero with a message saying so, within
 // a bounded time.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <string>
@@ -137,6 +140,26 @@ TEST_F(EpCli, AnErrorOnOneRankStopsEveryRank) {
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(seconds, 60);
   EXPECT_TRUE(contains(r.err, "error: rank 1 of 2: injected error")) << r.err;
+}
+
+// Only rank 0 takes the --out lock; when it cannot, the whole job stops
+// before any step, with rank 0's message naming the holder.
+TEST_F(EpCli, ALockedOutStopsTheJobBeforeAnyStep) {
+  const fs::path out = path("o");
+  fs::create_directories(out);
+  const int fd = ::open((out / ".tiermoe.lock").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+  double seconds = 0;
+  RunResult r = run_ranks(2, tiny({"--ep", "2", "--out", out.string()}), &seconds);
+  ::close(fd);
+  EXPECT_NE(r.rc, 0);
+  EXPECT_LT(seconds, 60);
+  EXPECT_TRUE(contains(
+      r.err, "error: rank 0 of 2: another tiermoe run (pid " + std::to_string(::getpid()) + ")"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "step 1/")) << r.err;
+  EXPECT_FALSE(fs::exists(out / "checkpoint-4"));
 }
 
 }  // namespace

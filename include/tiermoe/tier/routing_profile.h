@@ -52,7 +52,8 @@ class RoutingProfile {
   std::string to_json() const;
   // `where` names the source (a file) in errors.
   static RoutingProfile from_json(std::string_view text, const std::string& where);
-  void save(const std::string& path) const;  // temporary file, then rename
+  // A temporary file, then a rename; a failed write removes the temporary file.
+  void save(const std::string& path) const;
   static RoutingProfile load(const std::string& path);
 
   // A deterministic Zipf-skewed profile, as if one step had been observed:

@@ -1,8 +1,13 @@
 #pragma once
 // Training checkpoints: --out DIR holds DIR/checkpoint-<step>/, each written
 // atomically (into a temporary sibling, every file fsynced, the directory
-// renamed into place, the parent fsynced), so a crash or a NaN stop never
-// leaves a half-written checkpoint under a real name.
+// swapped into place in one rename, the parent fsynced), so a crash or a NaN
+// stop never leaves a half-written checkpoint under a real name, and a
+// replaced directory (final/, adapter/) is complete at every instant.
+// A checkpoint of a non-finite state (a NaN or Inf in a trainable weight,
+// an fp32 master or the optimizer state) is refused before anything is
+// written. What killed runs leave behind is cleaned up by the next run
+// (out_dir.h).
 //
 // A checkpoint directory holds
 //   config.json + model weights       full fine-tuning: the whole model in its compute dtype
@@ -30,6 +35,8 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tiermoe/dist/comm.h"
 #include "tiermoe/model/causal_lm.h"
@@ -46,9 +53,9 @@ inline constexpr const char* kRoutingProfileFile = "routing_profile.json";
 std::string checkpoint_dir_name(int64_t step);  // "checkpoint-<step>"
 
 // Runs `write(tmp)` on a fresh temporary directory beside `dir`, fsyncs every
-// file in it, then renames it to `dir` (an existing `dir` is replaced) and
-// fsyncs the parent. On an exception the temporary directory is removed and
-// `dir` is untouched. With a Comm of P > 1 ranks every rank calls it and
+// file in it, then renames it to `dir` (an existing `dir` is exchanged with
+// it in one step, then removed) and fsyncs the parent. On an exception the
+// temporary directory is removed and `dir` is untouched. With a Comm of P > 1 ranks every rank calls it and
 // writes its part into the same temporary directory; rank 0 renames it once
 // all have written, and a failure on any rank throws on every rank.
 void write_dir_atomically(const std::string& dir,
@@ -58,10 +65,14 @@ void write_dir_atomically(const std::string& dir,
 // `path` itself when it holds trainer_state.json; otherwise the
 // checkpoint-<N> under it with the largest N. Error when there is none.
 std::string resolve_checkpoint(const std::string& path);
+// The checkpoint-<N> directories under `dir` as (N, path), by N.
+std::vector<std::pair<int64_t, std::string>> list_checkpoint_dirs(const std::string& dir);
 // True when `dir` holds at least one checkpoint-<N> directory.
 bool has_checkpoints(const std::string& dir);
 
-// Writes DIR/checkpoint-<step> for the trainer's current step.
+// Writes DIR/checkpoint-<step> for the trainer's current step; an Error
+// naming the first non-finite tensor (and its rank) instead, on every rank,
+// when the state is not finite.
 std::string save_train_checkpoint(const std::string& out_dir, const CausalLM& model,
                                   const Trainer& trainer, const TrainConfig& config);
 

@@ -6,9 +6,12 @@
 //
 // Every bad input (a checkpoint that disagrees with its config, data shorter
 // than one window, a token outside the vocabulary, an unknown remat region,
-// --out already holding checkpoints of another run) is an Error before any
-// step. A non-finite loss or gradient stops the run with the model's or
-// grad-clip's Error; the checkpoints already written stay as they were.
+// --out already holding checkpoints of another run, or locked by a run
+// still going: out_dir.h) is an Error before any step. A non-finite loss or
+// gradient stops the run with the model's or grad-clip's Error, a diverged
+// one with the DivergenceGuard's, and a checkpoint of non-finite weights or
+// optimizer state is refused; the checkpoints already written stay as they
+// were. Leftovers of killed runs in out_dir are cleaned up at the start.
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +24,7 @@
 
 #include "tiermoe/core/memory.h"
 #include "tiermoe/dist/comm.h"
+#include "tiermoe/train/divergence.h"
 #include "tiermoe/train/trainer_config.h"
 
 namespace tiermoe {
@@ -33,6 +37,7 @@ struct RunControl {
   std::string out_dir{};        // checkpoints and the final export; empty: nothing written
   int64_t save_every = 0;       // a checkpoint every N steps (0: only at the end)
   int64_t stop_after = 0;       // stop once this many steps are done (0: run all steps)
+  int64_t keep_last = 0;        // checkpoints kept in out_dir, the newest (0: every one)
   std::string resume{};         // a checkpoint directory (already resolved)
   std::string metrics_file{};   // JSONL per step; empty: none
   std::ostream* log = nullptr;  // progress and messages; null: silent
@@ -45,6 +50,7 @@ struct RunControl {
   // directory; the metrics file holds every step up to it. The CLI's
   // train --report refreshes the report here. Empty: nothing.
   std::function<void(const std::string&)> after_checkpoint{};
+  DivergenceOptions divergence{};  // when a finite run counts as diverged (divergence.h)
 };
 
 struct TrainSummary {
