@@ -79,21 +79,31 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
   G_ = G, N_ = N, K_ = K, packed_cols_ = cols, group_bytes_ = group_bytes;
   const size_t es = dtype_size(w_GNK.dtype());
   char* dst = static_cast<char*>(storage_.raw());
+  auto pack_panel = [&](int64_t t, int64_t k0, int64_t kc) {
+    const int64_t g = t / panels, p = t % panels, j = p * uk.nr;
+    const char* w = static_cast<const char*>(w_GNK.raw()) + size_t(g * N * K) * es;
+    // Panel p's source columns: contiguous, `valid` of them from `first`.
+    int64_t first = j, valid = std::min<int64_t>(uk.nr, Nb - j);
+    if (regroup) {
+      const int64_t b = j / blocks.nc, local = j % blocks.nc, wp = blocks.padded(b);
+      const bool up = local >= wp;
+      const int64_t c = local - (up ? wp : 0);
+      first = (up ? blocks.F : 0) + b * blocks.h + c;
+      valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
+    }
+    const gemm::Mat src{w + size_t(first * cs) * es, rs, cs};
+    gemm::pack_b(uk, src, 0, valid, k0, kc, Kb,
+                 dst + g * group_bytes + p * panel + gemm::b_panel_bytes(uk, k0));
+  };
+  // K in the driver's kc steps, outside the panels: a step's source lines of
+  // a run of panels stay in L1 (in the dx layout successive panels read the
+  // next bytes of the same lines). The layout is the same as one pass.
   parallel_for(G * panels, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t g = t / panels, p = t % panels, j = p * uk.nr;
-      const char* w = static_cast<const char*>(w_GNK.raw()) + size_t(g * N * K) * es;
-      // Panel p's source columns: contiguous, `valid` of them from `first`.
-      int64_t first = j, valid = std::min<int64_t>(uk.nr, Nb - j);
-      if (regroup) {
-        const int64_t b = j / blocks.nc, local = j % blocks.nc, wp = blocks.padded(b);
-        const bool up = local >= wp;
-        const int64_t c = local - (up ? wp : 0);
-        first = (up ? blocks.F : 0) + b * blocks.h + c;
-        valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
+    for (int64_t k0 = 0; k0 < Kp; k0 += gemm::kKc) {
+      const int64_t kc = std::min(gemm::kKc, Kp - k0);
+      for (int64_t t = t0; t < t1; ++t) {
+        pack_panel(t, k0, kc);
       }
-      const gemm::Mat src{w + size_t(first * cs) * es, rs, cs};
-      gemm::pack_b(uk, src, 0, valid, 0, Kp, Kb, dst + g * group_bytes + p * panel);
     }
   });
 }
