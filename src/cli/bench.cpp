@@ -12,6 +12,7 @@
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/dist/mpi_comm.h"
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/kernels/cpu_isa.h"
 #include "tiermoe/moe/bench.h"
 #include "tiermoe/remat/policy.h"
 #include "tiermoe/remat/report.h"
@@ -33,7 +34,9 @@ struct BenchMoeOptions {
   double zipf = 1.0;
   uint64_t seed = 0;
   bool json = false;
-  int ep = 0;  // ranks (under mpirun); 0: not given
+  int ep = 0;        // ranks (under mpirun); 0: not given
+  std::string isa;  // empty: TIERMOE_ISA or the best this CPU has
+  bool per_expert = false;
 };
 
 void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
@@ -49,6 +52,7 @@ void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
   TIERMOE_CHECK(cfg.num_experts > 0, "preset '" + o.preset + "' has no MoE layers", "--preset",
                 "pick a MoE preset");
   const RematPolicy policy = RematPolicy::parse(o.remat);
+  if (!o.isa.empty()) set_cpu_isa(parse_cpu_isa(o.isa, "--isa"));
 
   MoeBenchOptions opt;
   opt.tokens = o.tokens;
@@ -67,6 +71,7 @@ void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
   opt.warmup = o.warmup;
   opt.threads = o.threads;
   opt.seed = o.seed;
+  opt.grouped_kernels = !o.per_expert;
   opt.comm = mpi && mpi->size() > 1 ? mpi : nullptr;
   // The layer's weights (and their gradients), and per routed row its input,
   // output and activations (gate, up and their product at width F).
@@ -85,7 +90,8 @@ void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
   if (rank0) {
     std::cerr << "bench moe-layer: " << o.preset << " (E " << opt.experts << ", K " << opt.top_k
               << ", D " << opt.hidden << ", F " << opt.ffn << "), T " << opt.tokens << ", "
-              << o.dtype << ", mode " << o.mode << ", remat " << policy.name() << ", "
+              << o.dtype << ", mode " << o.mode << ", remat " << policy.name() << ", ISA "
+              << cpu_isa_name(cpu_isa()) << ", "
               << (o.threads > 0 ? o.threads : num_threads()) << " threads, " << opt.warmup
               << " warm-up + " << opt.iters << " timed iterations"
               << (ranks > 1 ? str_of(", ", ranks, " ranks (E ", opt.experts / ranks, " each, T ",
@@ -104,6 +110,10 @@ void run_bench_moe_layer_on(const BenchMoeOptions& o, MpiComm* mpi) {
               << "step time       " << r.seconds << " s (median)\n"
               << "absorbed scores " << (r.absorbed ? "yes" : "no") << "\n"
               << "expert rows     " << r.min_expert_rows << " .. " << r.max_expert_rows << "\n"
+              << "ISA             " << r.isa
+              << (r.grouped ? " (grouped expert kernels)" : " (per-expert GEMMs)") << "\n"
+              << "weight packing  " << r.packs << " stacks, " << r.pack_s << " s, "
+              << format_bytes(uint64_t(r.pack_bytes)) << " held\n"
               << (ranks > 1 ? str_of("all-to-all      ", r.alltoall_bytes, " bytes in ",
                                      r.alltoall_s, " s (rank 0, one iteration)\n")
                             : std::string())
@@ -175,7 +185,13 @@ void add_bench_command(CLI::App& app) {
   moe->add_option("--ep", o->ep,
                   "Expert parallelism over N ranks (mpirun -np N): each rank runs --tokens "
                   "tokens of its own through E/N of the experts");
+  moe->add_option("--isa", o->isa,
+                  "GEMM ISA: avx2 | avx512 | avx512bf16 | amx | *-emu | onednn (default: "
+                  "TIERMOE_ISA, else the best this CPU has)");
+  moe->add_flag("--per-expert", o->per_expert,
+                "One GEMM per expert instead of the grouped expert kernels (the baseline)");
   moe->callback([o] { run_bench_moe_layer(*o); });
+  add_bench_expert_kernels(bench);
 }
 
 }  // namespace tiermoe::cli

@@ -18,6 +18,8 @@ void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+// bench expert-kernels, under the bench subcommand (bench_kernels.cpp).
+void add_bench_expert_kernels(CLI::App* bench);
 
 // "61.06 GB", "512 B": decimal units, as disk sizes and shard limits are given.
 std::string human_bytes(uint64_t bytes);

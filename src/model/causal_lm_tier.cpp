@@ -17,6 +17,13 @@ LayerTimes CausalLM::layer_times() const {
   return sum;
 }
 
+void CausalLM::expert_weights_changed() {
+  // Frozen experts (LoRA) did not change: their packs stay.
+  for (auto& l : layers_) {
+    if (l->is_moe() && l->moe()->experts_requires_grad()) l->moe()->experts().weights_changed();
+  }
+}
+
 void CausalLM::attach_device_tier(DeviceTier& tier) {
   TIERMOE_CHECK(!tier_, "a device tier is attached already", "CausalLM",
                 "attach one tier per model");

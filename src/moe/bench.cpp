@@ -11,7 +11,9 @@
 
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
+#include "tiermoe/kernels/cpu_isa.h"
 #include "tiermoe/moe/alltoall.h"
+#include "tiermoe/moe/expert_kernels.h"
 
 namespace tiermoe {
 
@@ -40,7 +42,9 @@ std::string MoeBenchResult::to_json() const {
      << ", \"tflops\": " << tflops << ", \"retained_bytes\": " << retained_bytes
      << ", \"max_expert_rows\": " << max_expert_rows << ", \"min_expert_rows\": " << min_expert_rows
      << ", \"ranks\": " << ranks << ", \"alltoall_bytes\": " << alltoall_bytes
-     << ", \"alltoall_s\": " << alltoall_s << "}";
+     << ", \"alltoall_s\": " << alltoall_s << ", \"isa\": \"" << isa
+     << "\", \"grouped_kernels\": " << (grouped ? "true" : "false") << ", \"packs\": " << packs
+     << ", \"pack_bytes\": " << pack_bytes << ", \"pack_s\": " << pack_s << "}";
   return os.str();
 }
 
@@ -80,6 +84,7 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
   ExpertsConfig ec;
   ec.num_experts = El, ec.hidden = D, ec.ffn = F;  // this rank's experts
   GroupedExperts experts(ec, opt.dtype, "bench.experts");
+  experts.packs().set_enabled(opt.grouped_kernels);
   fill_tiled(experts.param("w13"), rng, 0.02);
   fill_tiled(experts.param("w2"), rng, 0.02);
   HostExperts host(experts);
@@ -131,6 +136,9 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
     if (opt.comm) opt.comm->barrier("bench iteration");
     const CommStats before = opt.comm ? opt.comm->stats() : CommStats();
     auto start = std::chrono::steady_clock::now();
+    // Full fine-tuning changes the weights every step: their packed copies
+    // are re-made, and that is part of the step.
+    if (weight_grads) experts.weights_changed();
     MoeSaved saved;
     layer.forward(x, saved, weight_grads);
     r.retained_bytes = saved.bytes();
@@ -162,6 +170,12 @@ MoeBenchResult run_moe_layer_bench(const MoeBenchOptions& opt) {
   const double passes = opt.mode == MoeBenchMode::fwd ? 1 : opt.mode == MoeBenchMode::lora ? 2 : 3;
   const double flops = passes * 6.0 * double(T * K * P) * double(D) * double(F);
   r.tokens_per_s = double(T * P) / r.seconds;
+  r.isa = std::string(cpu_isa_name(cpu_isa()));
+  r.grouped = ExpertPacks::applies(experts);
+  const ExpertPackStats packs = experts.packs().stats();
+  r.packs = packs.packs;
+  r.pack_bytes = packs.bytes;
+  r.pack_s = packs.seconds;
   r.tflops = flops / r.seconds / 1e12;
   return r;
 }

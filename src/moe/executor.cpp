@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/moe/expert_kernels.h"
 
 namespace tiermoe {
 
@@ -142,6 +143,10 @@ ExpertRowsActs HostExperts::forward_buffers(SavedTensors& saved, const Tensor& x
 void HostExperts::forward_experts(Tensor& y_ND, ExpertRowsActs& all, const Tensor& x_ND,
                                   const std::vector<int64_t>& offset_E, const Tensor& score_N,
                                   const std::vector<uint8_t>& skip_E) {
+  if (ExpertPacks::applies(*experts_)) {
+    grouped_experts_forward(*experts_, y_ND, all, x_ND, offset_E, score_N, skip_E);
+    return;
+  }
   const bool post_norm = experts_->config().post_norm;
   for_each_expert(
       offset_E,
@@ -248,6 +253,12 @@ void HostExperts::backward_experts(Tensor& dx_ND, Tensor& dscore_N, const Tensor
                                    bool adapter_grads, const std::vector<uint8_t>& skip_E) {
   const bool post_norm = experts_->config().post_norm;
   if (weight_grads) experts_->allocate_grads();
+  if (ExpertPacks::applies(*experts_)) {
+    const ExpertRowsActs all = rows_of(saved, false, weight_grads, false, 0, dy_ND.size(0));
+    grouped_experts_backward(*experts_, dx_ND, dscore_N, dy_ND, all, offset_E, score_N,
+                             weight_grads, skip_E);
+    return;
+  }
   const ExpertAdapted ad = adapted();
   // Rows of experts that got none stay untouched by the loop; padded rows
   // inside an expert's block are computed like any other (their dy is 0).

@@ -69,11 +69,11 @@ ExpertGrads ExpertGrads::empty(const ExpertsConfig& cfg, DType g, MemTag tag) {
 }
 
 void ExpertGrads::add(const ExpertGrads& sum) {
-  add_into(dw13_FD, sum.dw13_FD);
-  add_into(dw2_DF, sum.dw2_DF);
-  if (db13_F.defined()) add_into(db13_F, sum.db13_F);
-  if (db2_D.defined()) add_into(db2_D, sum.db2_D);
-  if (dnorm_D.defined()) add_into(dnorm_D, sum.dnorm_D);
+  for (auto [into, s] : {std::pair{&dw13_FD, &sum.dw13_FD}, {&dw2_DF, &sum.dw2_DF},
+                         {&db13_F, &sum.db13_F}, {&db2_D, &sum.db2_D},
+                         {&dnorm_D, &sum.dnorm_D}}) {
+    if (into->defined() && s->defined()) add_into(*into, *s);
+  }
 }
 
 void expert_forward(const ExpertMath& m, Tensor& y_MD, ExpertRowsActs& acts, const Tensor& x_MD,
@@ -127,6 +127,67 @@ void expert_w2_forward(const ExpertMath& m, Tensor& y_MD, ExpertRowsActs& acts,
   if (cfg.post_norm) rmsnorm_rows_forward(y_MD, acts.rstd_M, w2_out, m.w.norm_D, cfg.norm_eps);
 }
 
+namespace {
+
+// A [D] (or [2F]) gradient sum to continue, to start from zero, or scratch
+// when only dx is wanted (frozen experts).
+Tensor vec_sum(Tensor* s, bool weight_grads, bool sum_started, int64_t n, DType g) {
+  if (!weight_grads) return Tensor::zeros({n}, g);
+  if (!sum_started) s->zero();
+  return *s;
+}
+
+}  // namespace
+
+Tensor expert_backward_w2_side(const ExpertMath& m, Tensor& dscore_M, const Tensor& dy_MD,
+                               const ExpertRowsActs& acts, const Tensor& score_M, ExpertGrads* sum,
+                               bool sum_started, bool want_w2_in) {
+  const ExpertsConfig& cfg = *m.cfg;
+  const int64_t M = dy_MD.size(0), F = cfg.ffn, D = cfg.hidden;
+  const bool absorbed = score_M.defined();
+  const bool weight_grads = sum && sum->defined();
+  if (absorbed) dscore_M.zero();
+  if (cfg.bias) {
+    Tensor db2 = vec_sum(weight_grads ? &sum->db2_D : nullptr, weight_grads, sum_started, D,
+                         m.grad_dtype());
+    add_bias_backward(db2, dscore_M, dy_MD, m.w.b2_D, score_M);
+  }
+  // W2 saw the scaled activation; rebuild it from the unscaled one and the
+  // score with the forward's exact arithmetic instead of keeping it.
+  Tensor w2_in = acts.a_MF;
+  if (absorbed && (weight_grads || want_w2_in)) {
+    w2_in = Tensor::empty({M, F}, m.dtype);
+    scale_rows_forward(w2_in, acts.a_MF, score_M);
+  }
+  if (weight_grads) {
+    dw_blocked(cfg.kernels, sum->dw2_DF, dy_MD, w2_in, cfg.dw_row_block, sum_started);
+  }
+  return w2_in;
+}
+
+void expert_backward_w13_side(const ExpertMath& m, Tensor& dh_M2F, Tensor& dscore_M, Tensor& da_MF,
+                              const ExpertRowsActs& acts, const Tensor& score_M, ExpertGrads* sum,
+                              bool sum_started) {
+  const ExpertsConfig& cfg = *m.cfg;
+  const bool weight_grads = sum && sum->defined();
+  if (score_M.defined()) {
+    scale_rows_backward(da_MF, dscore_M, da_MF, acts.a_MF, score_M, /*accumulate=*/true);
+  }
+  if (cfg.activation == ExpertActivation::gpt_oss) {
+    gpt_oss_glu_backward(dh_M2F, da_MF, acts.h_M2F, cfg.gpt_oss);
+  } else if (cfg.kernels == KernelSet::ref) {
+    ref::swiglu_backward(dh_M2F, da_MF, acts.h_M2F);
+  } else {
+    cpu::swiglu_backward(dh_M2F, da_MF, acts.h_M2F);
+  }
+  if (!weight_grads) return;
+  if (cfg.bias) {
+    Tensor db13 = vec_sum(&sum->db13_F, true, sum_started, 2 * cfg.ffn, m.grad_dtype()), none;
+    add_bias_backward(db13, none, dh_M2F, m.w.b13_F, Tensor());
+  }
+  dw_blocked(cfg.kernels, sum->dw13_FD, dh_M2F, acts.x_MD, cfg.dw_row_block, sum_started);
+}
+
 void expert_backward(const ExpertMath& m, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
                      const ExpertRowsActs& acts, const Tensor& score_M, ExpertGrads* sum,
                      bool sum_started) {
@@ -150,56 +211,23 @@ void expert_backward(const ExpertMath& m, Tensor& dx_MD, Tensor& dscore_M, const
   TIERMOE_CHECK(!lora_down || acts.a_MF.defined(),
                 "the down adapter's backward needs the activation a_NF", where,
                 "keep a_NF (or rebuild it by replay) when the experts carry a down adapter");
-  const DType g = m.grad_dtype();
-  // A [D] gradient sum to continue, to start from zero, or scratch when only
-  // dx is wanted (frozen experts).
-  auto vec_sum = [&](Tensor* s) {
-    if (!weight_grads) return Tensor::zeros({D}, g);
-    if (!sum_started) s->zero();
-    return *s;
-  };
 
   Tensor dy = dy_MD;
   if (cfg.post_norm) {
     dy = Tensor::empty({M, D}, m.dtype);
-    Tensor dnorm = vec_sum(weight_grads ? &sum->dnorm_D : nullptr);
+    Tensor dnorm = vec_sum(weight_grads ? &sum->dnorm_D : nullptr, weight_grads, sum_started, D,
+                           m.grad_dtype());
     rmsnorm_rows_backward(dy, dnorm, dy_MD, acts.ypre_MD, m.w.norm_D, acts.rstd_M);
   }
-  if (absorbed) dscore_M.zero();
-  if (cfg.bias) {
-    Tensor db2 = vec_sum(weight_grads ? &sum->db2_D : nullptr);
-    add_bias_backward(db2, dscore_M, dy, m.w.b2_D, score_M);
-  }
-  // W2 saw the scaled activation; rebuild it from the unscaled one and the
-  // score with the forward's exact arithmetic instead of keeping it.
-  Tensor w2_in = acts.a_MF;
-  if (absorbed && (weight_grads || lora_down)) {
-    w2_in = Tensor::empty({M, F}, m.dtype);
-    scale_rows_forward(w2_in, acts.a_MF, score_M);
-  }
-  if (weight_grads) dw_blocked(cfg.kernels, sum->dw2_DF, dy, w2_in, cfg.dw_row_block, sum_started);
+  const Tensor w2_in =
+      expert_backward_w2_side(m, dscore_M, dy, acts, score_M, sum, sum_started, lora_down);
   Tensor da = Tensor::empty({M, F}, m.dtype);
   mm_backward_dx(cfg.kernels, da, dy, m.w.w2_DF);
   if (lora_down) {
     m.adapter->backward_rows(ExpertLinear::down, m.expert, da, dy, w2_in, acts.lora_down_MR);
   }
-  if (absorbed) scale_rows_backward(da, dscore_M, da, acts.a_MF, score_M, /*accumulate=*/true);
-
   Tensor dh = Tensor::empty({M, 2 * F}, m.dtype);
-  if (cfg.activation == ExpertActivation::gpt_oss) {
-    gpt_oss_glu_backward(dh, da, acts.h_M2F, cfg.gpt_oss);
-  } else if (cfg.kernels == KernelSet::ref) {
-    ref::swiglu_backward(dh, da, acts.h_M2F);
-  } else {
-    cpu::swiglu_backward(dh, da, acts.h_M2F);
-  }
-  if (weight_grads) {
-    if (cfg.bias) {
-      Tensor db13 = vec_sum(&sum->db13_F), none;
-      add_bias_backward(db13, none, dh, m.w.b13_F, Tensor());
-    }
-    dw_blocked(cfg.kernels, sum->dw13_FD, dh, acts.x_MD, cfg.dw_row_block, sum_started);
-  }
+  expert_backward_w13_side(m, dh, dscore_M, da, acts, score_M, sum, sum_started);
   mm_backward_dx(cfg.kernels, dx_MD, dh, m.w.w13_FD);
   if (acts.lora_gate_MR.defined()) {
     m.adapter->backward_rows(ExpertLinear::gate, m.expert, dx_MD, dh, acts.x_MD, acts.lora_gate_MR);

@@ -1,5 +1,6 @@
 #include "tiermoe/moe/experts.h"
 
+#include "tiermoe/moe/expert_kernels.h"
 #include "tiermoe/moe/expert_math.h"
 
 #include <utility>
@@ -30,7 +31,7 @@ void ExpertsConfig::validate(std::string_view where) const {
 }
 
 GroupedExperts::GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name)
-    : cfg_(cfg), dtype_(dtype), name_(std::move(name)) {
+    : cfg_(cfg), dtype_(dtype), name_(std::move(name)), packs_(std::make_shared<ExpertPacks>()) {
   cfg_.validate(name_);
   const int64_t E = cfg_.num_experts, D = cfg_.hidden, F = cfg_.ffn;
   w13_EFD = Tensor::zeros({E, 2 * F, D}, dtype, MemTag::weights);
@@ -80,6 +81,7 @@ std::vector<std::string> GroupedExperts::param_names() const {
 }
 
 Tensor& GroupedExperts::param(std::string_view name) {
+  weights_changed();
   return const_cast<Tensor&>(std::as_const(*this).param(name));
 }
 

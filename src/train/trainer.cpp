@@ -180,6 +180,7 @@ StepStats Trainer::step() {
                                            : global_grad_norm(params_, comm);
   s.lr = schedule_.lr(step_);
   optimizer_->step(s.lr);
+  model_.expert_weights_changed();
   // Between steps: updated expert weights go back to the device, the
   // routing profile advances and the placement may change.
   if (tier) s.tier = tier->end_step(/*weights_changed=*/true);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "common/testing.h"
+#include "kernels/isa_test_util.h"
 #include "kernels/matmul_test_util.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/kernels/cpu_isa.h"
@@ -26,6 +27,7 @@ using testing::Operands;
 using testing::operands;
 using testing::random_tensor;
 using testing::run;
+using testing::ScopedIsa;
 using testing::within_summation_bound;
 
 struct IsaCase {
@@ -56,16 +58,6 @@ std::vector<IsaCase> all_cases() {
   return v;
 }
 
-// Runs the test body on the case's ISA and puts the process's ISA back.
-// Sets the process's ISA for a scope and puts it back.
-class ScopedIsa {
- public:
-  explicit ScopedIsa(CpuIsa isa) : saved_(cpu_isa()) { set_cpu_isa(isa); }
-  ~ScopedIsa() { set_cpu_isa(saved_); }
-
- private:
-  CpuIsa saved_;
-};
 
 class GemmIsa : public ::testing::TestWithParam<IsaCase> {
  protected:

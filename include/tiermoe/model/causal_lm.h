@@ -155,6 +155,9 @@ class CausalLM {
   DeviceTier* device_tier() { return tier_; }
   const DeviceTier* device_tier() const { return tier_; }
   int64_t num_moe_layers() const;
+  // After an in-place update of the weights (the optimizer step): the
+  // trainable experts' packed copies are re-packed before they are next used.
+  void expert_weights_changed();
 
   // ---- LoRA (lora.h)
   // Freezes every base parameter (no base grads are held; experts run a

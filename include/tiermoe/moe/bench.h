@@ -29,6 +29,7 @@ struct MoeBenchOptions {
   int warmup = 1, iters = 3;
   int threads = 0;             // 0 = the process default
   uint64_t seed = 0;
+  bool grouped_kernels = true;  // false: one GEMM per expert (the baseline)
   // Expert parallelism: P > 1 ranks of this Comm each run `tokens` tokens of
   // their own (seed + rank) through one layer whose experts are split over
   // them (E / P each, an AllToAllDispatcher). Null: one rank, all experts.
@@ -54,6 +55,16 @@ struct MoeBenchResult {
   int ranks = 1;
   uint64_t alltoall_bytes = 0;
   double alltoall_s = 0;
+  // The GEMM ISA the experts ran on (kernels/cpu_isa.h), and the packing of
+  // their weights for the grouped kernels (moe/expert_kernels.h): in full
+  // mode every iteration re-packs, as a step after the optimizer's update
+  // must, and that time is inside `seconds`. packs counts stacks packed
+  // (four per re-pack), pack_s their seconds, both over the whole run
+  // (warm-up included); pack_bytes is what the packed copies hold.
+  std::string isa;
+  bool grouped = false;  // the grouped kernels ran (not the per-expert path)
+  int64_t packs = 0, pack_bytes = 0;
+  double pack_s = 0;
 
   std::string to_json() const;  // one object with the keys above
 };

@@ -40,7 +40,8 @@ struct ExpertGrads {
   // initialised: expert_backward starts them (or a download fills them).
   static ExpertGrads empty(const ExpertsConfig& cfg, DType grad_dtype,
                            MemTag tag = MemTag::activations);
-  // this += sum, elementwise in grad dtype (the one add of the rule above).
+  // this += sum, elementwise in grad dtype (the one add of the rule above),
+  // for each tensor both define (a caller may add dW2 and dW13 apart).
   void add(const ExpertGrads& sum);
 };
 
@@ -70,5 +71,23 @@ void expert_w2_forward(const ExpertMath& m, Tensor& y_MD, ExpertRowsActs& acts,
 void expert_backward(const ExpertMath& m, Tensor& dx_MD, Tensor& dscore_M, const Tensor& dy_MD,
                      const ExpertRowsActs& acts, const Tensor& score_M, ExpertGrads* sum,
                      bool sum_started);
+
+// expert_backward's steps between its two dx products (da = dy . W2 and
+// dx = dh . W13), for a caller that runs those products over all experts at
+// once (moe/expert_kernels.h); expert_backward itself is the two sides with
+// its products, adapters and postprocess in between. dy_MD is the W2
+// output's gradient (after the postprocess's backward).
+//   w2 side: dscore_M zeroed (absorbed), the b2 gradient, dW2 into `sum`;
+//            returns W2's input (the scaled activation when absorbed and
+//            wanted or summed, else acts.a_MF)
+//   w13 side: da_MF (= dy . W2 plus any adapter's) through the score (in
+//            place, dscore_M accumulated) and the activation into dh_M2F,
+//            then the b13 gradient and dW13 into `sum`
+Tensor expert_backward_w2_side(const ExpertMath& m, Tensor& dscore_M, const Tensor& dy_MD,
+                               const ExpertRowsActs& acts, const Tensor& score_M, ExpertGrads* sum,
+                               bool sum_started, bool want_w2_in);
+void expert_backward_w13_side(const ExpertMath& m, Tensor& dh_M2F, Tensor& dscore_M, Tensor& da_MF,
+                              const ExpertRowsActs& acts, const Tensor& score_M, ExpertGrads* sum,
+                              bool sum_started);
 
 }  // namespace tiermoe

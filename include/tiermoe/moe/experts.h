@@ -16,6 +16,7 @@
 // HF's gate_up_proj[e][:, 2i]). Qwen3/Mixtral/DeepSeek experts map directly
 // (gate rows, then up rows, as transformers v5's fused gate_up_proj).
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -93,6 +94,7 @@ struct ExpertRowsActs {
 struct ExpertWeights;
 struct ExpertGrads;
 struct ExpertMath;
+class ExpertPacks;
 
 class GroupedExperts {
  public:
@@ -108,7 +110,8 @@ class GroupedExperts {
   bool has_output_postprocess() const { return cfg_.post_norm; }
 
   // "w13" [E, 2F, D], "w2" [E, D, F]; with bias "b13" [E, 2F], "b2" [E, D];
-  // with post_norm "norm" [E, D].
+  // with post_norm "norm" [E, D]. The mutable access counts as a change of
+  // the weights (weights_version()).
   std::vector<std::string> param_names() const;
   Tensor& param(std::string_view name);
   const Tensor& param(std::string_view name) const;
@@ -118,6 +121,14 @@ class GroupedExperts {
   bool has_grads() const { return dw13_EFD.defined(); }
   void allocate_grads();  // zeroed; no-op when they exist (not thread-safe: call before a parallel backward)
   void free_grads();      // frozen for good: drop them
+
+  // The weights' packed copies for the grouped kernels (moe/expert_kernels.h)
+  // follow this version: it moves on every mutable param() access and on
+  // weights_changed(), which whoever updates the weights in place through a
+  // held tensor (the optimizer step) must call.
+  uint64_t weights_version() const { return weights_version_; }
+  void weights_changed() { ++weights_version_; }
+  ExpertPacks& packs() const { return *packs_; }
 
   // A LoRA adapter on the experts (not owned; null removes it). Only the
   // swiglu layout is supported (gate rows, then up rows).
@@ -167,6 +178,8 @@ class GroupedExperts {
   Tensor norm_ED;  // (E, D) post_norm only
   Tensor dw13_EFD, dw2_EDF, db13_E2F, db2_ED, dnorm_ED;  // grad_dtype()
   ExpertAdapter* adapter_ = nullptr;
+  uint64_t weights_version_ = 0;
+  std::shared_ptr<ExpertPacks> packs_;
 };
 
 }  // namespace tiermoe

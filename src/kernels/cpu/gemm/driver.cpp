@@ -45,7 +45,8 @@ Scratch& scratch() {
   return s;
 }
 
-// One block of C: rows [i0, i0 + rows) x columns [j0, j0 + cols).
+}  // namespace
+
 void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int64_t i0,
                int64_t rows, int64_t j0, int64_t cols) {
   const int64_t mr = uk.mr, nr = uk.nr, nc = block_cols(uk);
@@ -81,6 +82,8 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
   }
   ep.fn(ep.ctx, i0, j0, rows, cols, acc, nc);
 }
+
+namespace {
 
 void store_block(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
                  const float* acc, int64_t ld) {

@@ -39,6 +39,14 @@ Epilogue store_epilogue(const StoreC& s);
 
 void run(const Microkernel& uk, const Problem& p, const Epilogue& ep);
 
+// One block of C, rows [i0, i0 + rows) x columns [j0, j0 + cols), with
+// rows <= block_rows(uk), cols <= block_cols(uk) and j0 a multiple of nr,
+// handed to ep on this thread. run() is a parallel loop over these blocks;
+// grouped products (kernels/grouped_matmul.h) schedule their own. The
+// calling thread must be between uk.thread_begin and uk.thread_end.
+void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int64_t i0,
+               int64_t rows, int64_t j0, int64_t cols);
+
 // How many times any thread's GEMM scratch has grown (an allocation), so tests
 // can hold that warmed-up launches allocate nothing.
 int64_t scratch_growths();

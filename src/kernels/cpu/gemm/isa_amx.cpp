@@ -3,6 +3,7 @@
 // (CMakeLists.txt); only the table leaves this file.
 #include "kernel_amx.h"
 #include "microkernel.h"
+#include "peak_loops.h"
 #include "ops_amx.h"
 
 namespace tiermoe::cpu::gemm {
@@ -18,7 +19,8 @@ constexpr Microkernel kTable[] = {
      .b = BPack::bf16_pairs,
      .run = amx_kernel<Amx>,
      .thread_begin = amx_begin<Amx>,
-     .thread_end = amx_end<Amx>},
+     .thread_end = amx_end<Amx>,
+     .peak = amx_peak<Amx>},
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // two B vectors and one broadcast: 15 of the 16 ymm registers).
 #include "kernel_fma.h"
 #include "microkernel.h"
+#include "peak_loops.h"
 #include "ops_avx2.h"
 
 namespace tiermoe::cpu::gemm {
@@ -17,7 +18,8 @@ constexpr Microkernel kTable[] = {
      .k_step = 1,
      .a = APack::f32_kmajor,
      .b = BPack::f32,
-     .run = fma_f32<Avx2, kMr, kNv>},
+     .run = fma_f32<Avx2, kMr, kNv>,
+     .peak = fma_peak<Avx2>},
     {.isa = CpuIsa::avx2,
      .in = DType::bf16,
      .mr = kMr,
@@ -25,7 +27,8 @@ constexpr Microkernel kTable[] = {
      .k_step = 1,
      .a = APack::f32_kmajor,
      .b = BPack::bf16_split,
-     .run = fma_bf16<Avx2, kMr, kNv>},
+     .run = fma_bf16<Avx2, kMr, kNv>,
+     .peak = fma_peak<Avx2>},
 };
 
 }  // namespace

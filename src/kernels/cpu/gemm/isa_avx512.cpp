@@ -9,6 +9,7 @@
 
 #include "kernel_fma.h"
 #include "microkernel.h"
+#include "peak_loops.h"
 #include "ops_avx512.h"
 
 namespace tiermoe::cpu::gemm {
@@ -24,7 +25,8 @@ constexpr Microkernel kTable[] = {
      .k_step = 1,
      .a = APack::f32_kmajor,
      .b = BPack::f32,
-     .run = fma_f32<Avx512, kMr, kNv>},
+     .run = fma_f32<Avx512, kMr, kNv>,
+     .peak = fma_peak<Avx512>},
     {.isa = CpuIsa::avx512,
      .in = DType::bf16,
      .mr = kMr,
@@ -32,7 +34,8 @@ constexpr Microkernel kTable[] = {
      .k_step = 1,
      .a = APack::f32_kmajor,
      .b = BPack::bf16_split,
-     .run = fma_bf16<Avx512, kMr, kNv>},
+     .run = fma_bf16<Avx512, kMr, kNv>,
+     .peak = fma_peak<Avx512>},
 };
 
 }  // namespace

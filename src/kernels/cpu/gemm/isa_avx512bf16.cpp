@@ -3,6 +3,7 @@
 // -mavx512bf16 (CMakeLists.txt); only the table leaves this file.
 #include "kernel_dpbf16.h"
 #include "microkernel.h"
+#include "peak_loops.h"
 #include "ops_avx512bf16.h"
 
 namespace tiermoe::cpu::gemm {
@@ -18,7 +19,8 @@ constexpr Microkernel kTable[] = {
      .k_step = 2,
      .a = APack::bf16_pairs,
      .b = BPack::bf16_pairs,
-     .run = dpbf16_kernel<Avx512Bf16, kMr, kNv>},
+     .run = dpbf16_kernel<Avx512Bf16, kMr, kNv>,
+     .peak = dpbf16_peak<Avx512Bf16>},
 };
 
 }  // namespace

@@ -52,6 +52,9 @@ struct Microkernel {
   // tile configuration); null when the ISA needs none.
   void (*thread_begin)() = nullptr;
   void (*thread_end)() = nullptr;
+  // The ISA's multiply-add instruction in a register-only loop of `reps`
+  // rounds (peak_loops.h); returns the flops done. Null for the emulations.
+  int64_t (*peak)(int64_t reps) = nullptr;
 };
 
 // The microkernel of `isa` for inputs of dtype `in` (f32 or bf16). onednn

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# One MoE layer at Qwen3-30B-A3B shapes (E 128, K 8, D 2048, F 768), T tokens,
+# bf16, on THREADS threads, uniform routing, every system in the same run and
+# interleaved mode by mode: TierMoE on its grouped kernels, TierMoE with one
+# GEMM per expert on the same ISA (--per-expert), TierMoE on oneDNN's matmul
+# (--isa onednn, the path before TierMoE's own GEMM), the Hugging Face-style
+# PyTorch expert loop, and kt-kernel's MoE operator where this CPU runs it.
+# Prints one table of tokens/s (fwd / lora = forward + dx / full = + dW).
+#
+# Makes its own venv (bench/compare/.venv: torch 2.x CPU and kt-kernel 0.7.x
+# from PyPI) on first use; not part of make test. Needs build/tiermoe (or
+# TIERMOE=path).
+# Usage: bench/compare/run.sh [TOKENS] [THREADS] [ITERS]
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+tokens=${1:-4096}
+threads=${2:-2}
+iters=${3:-2}
+tiermoe="${TIERMOE:-$root/build/tiermoe}"
+[ -x "$tiermoe" ] || { echo "error: $tiermoe not built (make build)" >&2; exit 1; }
+
+venv="$here/.venv"
+if [ ! -x "$venv/bin/python" ]; then
+  # System packages stay visible: where PyTorch's CPU wheel index cannot be
+  # reached, Debian's python3-torch is the fallback (the table names the
+  # torch version that ran).
+  python3 -m venv --system-site-packages "$venv"
+  "$venv/bin/pip" install --quiet --upgrade pip || true
+  "$venv/bin/pip" install --quiet --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
+    'torch>=2,<3' || echo "torch 2.x did not install; using the system torch if there is one" >&2
+  # kt-kernel's BF16 MoE needs AMX-BF16 or AVX-512 BF16: elsewhere it is not
+  # installed (it pulls in a full CUDA torch); kt_moe_layer.py says why.
+  if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
+    "$venv/bin/pip" install --quiet 'kt-kernel>=0.7,<0.8' || echo "kt-kernel did not install" >&2
+  fi
+fi
+py="$venv/bin/python"
+# The PyTorch baseline: the venv's torch, else the system python's (Debian's
+# python3-torch), named in the table.
+torch_py="$py"
+if ! "$py" -c 'import torch' 2>/dev/null && /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  torch_py=/usr/bin/python3
+fi
+export OMP_WAIT_POLICY=passive  # torch on 2 threads is slower than 1 without it (measured)
+
+log="$(mktemp -d)"
+trap 'rm -rf "$log"' EXIT
+echo "uptime: $(uptime)" >&2
+for mode in fwd lora full; do
+  common=(--preset qwen3-30b-a3b --tokens "$tokens" --dtype bf16 --mode "$mode" --threads "$threads"
+          --zipf 0 --iters "$iters" --warmup 1 --json)
+  echo "== $mode: tiermoe" >&2
+  "$tiermoe" bench moe-layer "${common[@]}" 2>"$log/err" | tail -n 1 >"$log/tiermoe_$mode" ||
+    echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/tiermoe_$mode"
+  echo "== $mode: tiermoe --per-expert" >&2
+  "$tiermoe" bench moe-layer "${common[@]}" --per-expert 2>"$log/err" | tail -n 1 \
+    >"$log/perexpert_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/perexpert_$mode"
+  echo "== $mode: tiermoe --isa onednn" >&2
+  "$tiermoe" bench moe-layer "${common[@]}" --isa onednn 2>"$log/err" | tail -n 1 \
+    >"$log/onednn_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/onednn_$mode"
+  echo "== $mode: pytorch" >&2
+  "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --tokens "$tokens" --dtype bf16 --mode "$mode" \
+    --threads "$threads" --zipf 0 --iters "$iters" --warmup 1 2>"$log/err" | tail -n 1 \
+    >"$log/torch_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/torch_$mode"
+  echo "== $mode: kt-kernel" >&2
+  "$py" "$here/kt_moe_layer.py" --tokens "$tokens" --mode "$mode" --threads "$threads" \
+    >"$log/kt_$mode" 2>"$log/err" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/kt_$mode"
+done
+"$py" "$here/table.py" "$log" "$tokens" "$threads"

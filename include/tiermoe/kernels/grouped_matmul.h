@@ -1,0 +1,108 @@
+#pragma once
+// Grouped products over a stack of G weights: rows [offset_G[g],
+// offset_G[g+1]) of the input go through weight g (a MoE layer's experts, one
+// group each; nothing here knows about experts). The weights are packed once
+// into the microkernel's layout (PackedWeights) and every group's work items,
+// (group, block of rows, block of columns), run in one parallel loop in a
+// fixed order: group-major, then column blocks, then row blocks. The fused
+// GLU product also applies a gated activation and a per-row score in its
+// epilogue, on each finished block of f32 sums, so the W13 output never makes
+// a second trip through memory before the activation.
+//
+// Every output row goes through the instruction sequence of cpu::matmul_* on
+// the same ISA (kernels/cpu/gemm/microkernel.h: fixed blocking, fixed kc,
+// partial blocks padded with zeros), so a row's bits do not depend on its
+// group's row count, on the other groups, on the threads or on whether the
+// weights were packed ahead: grouped == per-group cpu::matmul_* followed by
+// the same elementwise steps, bit for bit (tests/kernels/test_grouped_matmul.cpp).
+//
+// ref:: twins (plain loops over ref::matmul_*, the oracle) take the same
+// arguments and read the stack the PackedWeights was packed from.
+//
+// Dtypes: f32 or bf16 (f64 runs stay on the per-expert path); outputs and
+// bias in the input dtype, scores f32 (or f64), math in f32, one rounding to
+// the dtype at each store, as moe/expert_ops.h does step by step.
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "tiermoe/core/tensor.h"
+#include "tiermoe/kernels/cpu_isa.h"
+
+namespace tiermoe {
+
+// The gated activation of a GLU product h [M, 2F] -> a [M, F]:
+//   swiglu   gate columns [0, F), up [F, 2F): a = silu(gate) * up
+//   clamped  GPT-OSS, interleaved (2i gate, 2i+1 up): gate = min(gate, limit),
+//            up = clamp(up, -limit, limit), a = (up + 1) * gate * sigmoid(alpha * gate)
+enum class GluKind : uint8_t { swiglu, clamped };
+struct Glu {
+  GluKind kind = GluKind::swiglu;
+  double alpha = 1.702, limit = 7.0;
+};
+
+// What a stack w_GNK ([G, N, K], nn.Linear's [out, in]) is packed for:
+//   forward      y = x w^T (B = w^T, K x N)
+//   forward_glu  the same with the swiglu layout's columns regrouped so each
+//                block of columns holds matching gate and up columns (the
+//                clamped layout's interleaved pairs already are)
+//   backward_dx  dx = dy w (B = w, N x K)
+enum class PackUse : uint8_t { forward, forward_glu, backward_dx };
+
+class PackedWeights {
+ public:
+  // Packs every weight of w_GNK (f32 or bf16, contiguous, [G, N, K]) for
+  // `use` on the process's ISA (cpu_isa(); not onednn). The buffer is kept
+  // and reused when a re-pack needs no more bytes. Keeps a view of w_GNK,
+  // which the ref twins read; the caller re-packs after changing it.
+  void pack(const Tensor& w_GNK, PackUse use, Glu glu = {});
+  bool packed() const { return storage_.defined(); }
+  CpuIsa isa() const { return isa_; }
+  PackUse use() const { return use_; }
+  const Glu& glu() const { return glu_; }
+  const Tensor& source() const { return source_; }
+  int64_t groups() const { return G_; }
+  int64_t out_features() const { return N_; }  // N
+  int64_t in_features() const { return K_; }   // K
+  int64_t bytes() const { return storage_.defined() ? G_ * group_bytes_ : 0; }
+
+  // For the cpu twin: the product's C columns as packed (forward_glu pads
+  // each block's gate and up halves to whole panels) and one group's panels.
+  int64_t packed_cols() const { return packed_cols_; }
+  const void* group_data(int64_t g) const;
+
+ private:
+  Tensor source_, storage_;
+  CpuIsa isa_ = CpuIsa::avx2;
+  PackUse use_ = PackUse::forward;
+  Glu glu_;
+  int64_t G_ = 0, N_ = 0, K_ = 0, packed_cols_ = 0, group_bytes_ = 0;
+};
+
+// skip_G: one flag per group (or empty for none); a skipped group's rows are
+// left untouched (another tier computes them).
+#define TIERMOE_GROUPED_MATMUL_DECLS                                                                \
+  /* forward use: y_NO[rows of g] = x_NI[rows of g] . w_g^T, then (bias_GO */                       \
+  /* defined) y = T(y + b_g), or with score_N y = T(y + score * b_g); */                            \
+  /* backward_dx use: y_NO = x_NI . w_g with O = K, I = N (no bias). */                             \
+  void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>& offset_G,     \
+                      const PackedWeights& w, const Tensor& bias_GO = Tensor(),                     \
+                      const Tensor& score_N = Tensor(), std::span<const uint8_t> skip_G = {});     \
+  /* forward_glu use: h_N2F = x_ND . w_g^T (+ b13_G2F as T(h + b)), */                              \
+  /* a_NF = T(glu(h)), and with score_N as_NF = T(a * score) (as_NF */                              \
+  /* unused without). */                                                                            \
+  void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tensor& x_ND,         \
+                           const std::vector<int64_t>& offset_G, const PackedWeights& w13,          \
+                           const Tensor& b13_G2F, const Tensor& score_N,                            \
+                           std::span<const uint8_t> skip_G = {});
+
+namespace ref {
+TIERMOE_GROUPED_MATMUL_DECLS
+}
+namespace cpu {
+TIERMOE_GROUPED_MATMUL_DECLS
+}
+
+#undef TIERMOE_GROUPED_MATMUL_DECLS
+
+}  // namespace tiermoe

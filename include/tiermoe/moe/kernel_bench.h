@@ -1,0 +1,47 @@
+#pragma once
+// The grouped expert kernels (moe/expert_kernels.h) timed one by one, for
+// `tiermoe bench expert-kernels`: at a preset's expert shapes, for several
+// rows per expert, each kernel's TFLOP/s beside the multiply-add peak of the
+// ISA measured in the same run (kernels/cpu_peak.h). The weights are packed
+// before timing; packing is reported on its own.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/dtype.h"
+
+namespace tiermoe {
+
+struct ExpertKernelBenchOptions {
+  int64_t experts = 128, hidden = 2048, ffn = 768;
+  DType dtype = DType::bf16;
+  std::vector<int64_t> rows_per_expert = {1, 16, 64, 256, 1024};
+  // Experts per case: all of them, or fewer so that a case holds at most
+  // this many rows (the large cases stay seconds, not minutes).
+  int64_t max_rows = 8192;
+  int iters = 3;    // timed calls per kernel (the median is reported)
+  int threads = 0;  // 0: the process default
+  uint64_t seed = 0;
+};
+
+struct ExpertKernelTiming {
+  std::string kernel;  // w13_glu (fused W13 + activation + score), w2, w2_dx, w13_dx
+  int64_t rows_per_expert = 0, experts = 0;
+  double seconds = 0, tflops = 0;
+  double of_peak = 0;  // tflops / peak (0 when no peak was measured)
+};
+
+struct ExpertKernelBenchResult {
+  std::string isa, dtype;
+  int threads = 0;
+  double peak_tflops = 0;  // measured, same run; 0 on emulated ISAs
+  double pack_s = 0;       // packing all four stacks once
+  int64_t pack_bytes = 0;
+  std::vector<ExpertKernelTiming> timings;
+  std::string to_json() const;
+  std::string to_table() const;
+};
+
+ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& opt);
+
+}  // namespace tiermoe

@@ -1,0 +1,334 @@
+// The grouped products on TierMoE's blocked GEMM (kernels/grouped_matmul.h):
+// weights packed once per stack, one parallel loop over every group's work
+// items, epilogues that round, add the bias and apply the GLU and the score
+// on each finished block of f32 sums.
+#include "tiermoe/kernels/grouped_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "../grouped_check.h"
+#include "../nn_common.h"
+#include "gemm/driver.h"
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe {
+
+namespace gemm = cpu::gemm;
+using gemm::ceil_div;
+using gemm::round_up;
+using detail::str_of;
+
+namespace {
+
+const gemm::Microkernel& kernel_for(CpuIsa isa, DType dt, std::string_view op) {
+  TIERMOE_CHECK(isa != CpuIsa::onednn, str_of(op, ": the onednn baseline has no packed weights"),
+                std::string(op), "run the per-group cpu::matmul_* under TIERMOE_ISA=onednn");
+  return gemm::microkernel(isa, dt);
+}
+
+// The forward_glu column order of the swiglu layout: C block b (nc columns)
+// holds gate columns [b*h, b*h + w) padded to wp (a multiple of nr), then the
+// up columns F + [b*h, b*h + w), padded alike; h = nc / 2.
+struct GluBlocks {
+  int64_t nc = 0, h = 0, F = 0, nr = 0;
+  int64_t width(int64_t b) const { return std::min(h, F - b * h); }
+  int64_t padded(int64_t b) const { return round_up(width(b), nr); }
+  int64_t blocks() const { return ceil_div(F, h); }
+  int64_t cols() const { return (blocks() - 1) * nc + 2 * padded(blocks() - 1); }
+};
+
+GluBlocks glu_blocks(const gemm::Microkernel& uk, int64_t F) {
+  const int64_t nc = gemm::block_cols(uk);
+  TIERMOE_ASSERT(nc % (2 * uk.nr) == 0, "a GLU block splits into whole gate and up panels");
+  return {nc, nc / 2, F, uk.nr};
+}
+
+}  // namespace
+
+void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
+  const char* op = "PackedWeights::pack";
+  TIERMOE_CHECK(w_GNK.defined() && w_GNK.dim() == 3 &&
+                    (w_GNK.dtype() == DType::f32 || w_GNK.dtype() == DType::bf16),
+                str_of(op, ": the stack must be [G, N, K] f32 or bf16, got ",
+                       w_GNK.defined() ? w_GNK.str() : std::string("undefined")),
+                op, "pass the stacked weights, e.g. w13_EFD");
+  const int64_t G = w_GNK.size(0), N = w_GNK.size(1), K = w_GNK.size(2);
+  const bool regroup = use == PackUse::forward_glu && glu.kind == GluKind::swiglu;
+  TIERMOE_CHECK(use != PackUse::forward_glu || N % 2 == 0,
+                str_of(op, ": a GLU weight needs an even output count, got ", N), op,
+                "W13 stacks gate and up rows: [G, 2F, D]");
+  const CpuIsa isa = cpu_isa();
+  const gemm::Microkernel& uk = kernel_for(isa, w_GNK.dtype(), op);
+  // B of the product, K_b x N_b: element (k, j) at w_g[k * rs + j * cs].
+  const bool dx = use == PackUse::backward_dx;
+  const int64_t Kb = dx ? N : K, Nb = dx ? K : N, rs = dx ? K : 1, cs = dx ? 1 : K;
+  const GluBlocks blocks = regroup ? glu_blocks(uk, N / 2) : GluBlocks{};
+  const int64_t cols = regroup ? blocks.cols() : Nb;
+  const int64_t Kp = round_up(Kb, uk.k_step), panel = gemm::b_panel_bytes(uk, Kp);
+  const int64_t panels = ceil_div(cols, uk.nr), group_bytes = panels * panel;
+  const int64_t need = G * group_bytes;
+  if (!storage_.defined() || storage_.nbytes() < size_t(need)) {
+    storage_ = Tensor::empty({std::max<int64_t>(1, ceil_div(need, 2))}, DType::bf16,
+                             MemTag::weights);
+  }
+  source_ = w_GNK;
+  isa_ = isa;
+  use_ = use;
+  glu_ = glu;
+  G_ = G, N_ = N, K_ = K, packed_cols_ = cols, group_bytes_ = group_bytes;
+  const size_t es = dtype_size(w_GNK.dtype());
+  char* dst = static_cast<char*>(storage_.raw());
+  auto pack_panel = [&](int64_t t, int64_t k0, int64_t kc) {
+    const int64_t g = t / panels, p = t % panels, j = p * uk.nr;
+    const char* w = static_cast<const char*>(w_GNK.raw()) + size_t(g * N * K) * es;
+    // Panel p's source columns: contiguous, `valid` of them from `first`.
+    int64_t first = j, valid = std::min<int64_t>(uk.nr, Nb - j);
+    if (regroup) {
+      const int64_t b = j / blocks.nc, local = j % blocks.nc, wp = blocks.padded(b);
+      const bool up = local >= wp;
+      const int64_t c = local - (up ? wp : 0);
+      first = (up ? blocks.F : 0) + b * blocks.h + c;
+      valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
+    }
+    const gemm::Mat src{w + size_t(first * cs) * es, rs, cs};
+    gemm::pack_b(uk, src, 0, valid, k0, kc, Kb,
+                 dst + g * group_bytes + p * panel + gemm::b_panel_bytes(uk, k0));
+  };
+  // K in the driver's kc steps, outside the panels: a step's source lines of
+  // a run of panels stay in L1 (in the dx layout successive panels read the
+  // next bytes of the same lines). The layout is the same as one pass.
+  parallel_for(G * panels, 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t k0 = 0; k0 < Kp; k0 += gemm::kKc) {
+      const int64_t kc = std::min(gemm::kKc, Kp - k0);
+      for (int64_t t = t0; t < t1; ++t) {
+        pack_panel(t, k0, kc);
+      }
+    }
+  });
+}
+
+const void* PackedWeights::group_data(int64_t g) const {
+  return static_cast<const char*>(storage_.raw()) + g * group_bytes_;
+}
+
+namespace cpu {
+namespace {
+
+// What every work item's epilogue needs beyond its block: the call's
+// context and where the item's group starts.
+struct Item {
+  const void* call = nullptr;
+  int64_t row0 = 0, group = 0;
+};
+
+// Runs fn's epilogue over every work item of the call: (group, column block,
+// row block) in that order, contiguous runs of them per thread. x_NI is A.
+template <class Call>
+void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor& x_NI,
+               const std::vector<int64_t>& offset_G, std::span<const uint8_t> skip_G,
+               const Call& call,
+               void (*fn)(const void*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t)) {
+  const int64_t G = w.groups(), mc = gemm::block_rows(uk), nc = gemm::block_cols(uk);
+  const int64_t Kb = w.use() == PackUse::backward_dx ? w.out_features() : w.in_features();
+  const int64_t n_blocks = ceil_div(w.packed_cols(), nc), I = x_NI.size(1);
+  auto rows_of = [&](int64_t g) {
+    if (!skip_G.empty() && skip_G[size_t(g)]) return int64_t{0};
+    return offset_G[size_t(g) + 1] - offset_G[size_t(g)];
+  };
+  int64_t total = 0;
+  for (int64_t g = 0; g < G; ++g) total += ceil_div(rows_of(g), mc) * n_blocks;
+  parallel_for(total, 1, [&](int64_t t0, int64_t t1) {
+    if (uk.thread_begin) uk.thread_begin();
+    // The group holding item t0, then walk on.
+    int64_t g = 0, first = 0;
+    while (first + ceil_div(rows_of(g), mc) * n_blocks <= t0) {
+      first += ceil_div(rows_of(g), mc) * n_blocks;
+      ++g;
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      int64_t m_blocks = ceil_div(rows_of(g), mc);
+      while (t >= first + m_blocks * n_blocks) {
+        first += m_blocks * n_blocks;
+        m_blocks = ceil_div(rows_of(++g), mc);
+      }
+      const int64_t local = t - first, nb = local / m_blocks, mb = local % m_blocks;
+      const int64_t row0 = offset_G[size_t(g)], M = rows_of(g);
+      const char* a = static_cast<const char*>(x_NI.raw()) + size_t(row0 * I) * dtype_size(x_NI.dtype());
+      const gemm::Problem p{.M = M,
+                            .N = w.packed_cols(),
+                            .K = Kb,
+                            .a = {a, I, 1},
+                            .b = {},
+                            .b_packed = w.group_data(g)};
+      const Item item{&call, row0, g};
+      const int64_t i0 = mb * mc, j0 = nb * nc;
+      gemm::run_block(uk, p, {fn, &item}, i0, std::min(mc, M - i0), j0,
+                      std::min(nc, w.packed_cols() - j0));
+    }
+    if (uk.thread_end) uk.thread_end();
+  });
+}
+
+struct StoreCall {
+  void* y = nullptr;
+  int64_t O = 0;
+  const void* bias = nullptr;  // [G, O]
+  const Tensor* score = nullptr;
+};
+
+template <class T>
+void store_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
+                const float* acc, int64_t ld) {
+  const Item& item = *static_cast<const Item*>(ctx);
+  const StoreCall& c = *static_cast<const StoreCall*>(item.call);
+  const int64_t O = c.O;
+  const T* b = c.bias ? static_cast<const T*>(c.bias) + item.group * O : nullptr;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = item.row0 + i0 + i;
+    T* y = static_cast<T*>(c.y) + r * O + j0;
+    const float* s = acc + i * ld;
+    for (int64_t j = 0; j < cols; ++j) y[j] = store<T>(s[j]);
+    if (!b) continue;
+    // As add_bias_forward: the product rounded first, then the bias added.
+    if (c.score) {
+      const float sc = detail::score_f32(*c.score, r);
+      for (int64_t j = 0; j < cols; ++j) y[j] = store<T>(load<T>(y[j]) + sc * load<T>(b[j0 + j]));
+    } else {
+      for (int64_t j = 0; j < cols; ++j) y[j] = store<T>(load<T>(y[j]) + load<T>(b[j0 + j]));
+    }
+  }
+}
+
+struct GluCall {
+  void *h = nullptr, *a = nullptr, *as = nullptr;
+  int64_t F = 0;
+  const void* bias = nullptr;  // [G, 2F]
+  const Tensor* score = nullptr;
+  Glu glu;
+  GluBlocks blocks;  // swiglu only
+};
+
+// One row's h for columns hc (real column indices), rounded, bias added.
+template <class T>
+T h_value(float sum, const T* b, int64_t col) {
+  T h = store<T>(sum);
+  return b ? store<T>(load<T>(h) + load<T>(b[col])) : h;
+}
+
+template <class T>
+void glu_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
+              const float* acc, int64_t ld) {
+  const Item& item = *static_cast<const Item*>(ctx);
+  const GluCall& c = *static_cast<const GluCall*>(item.call);
+  const int64_t F = c.F;
+  const T* b = c.bias ? static_cast<const T*>(c.bias) + item.group * 2 * F : nullptr;
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t r = item.row0 + i0 + i;
+    T* h = static_cast<T*>(c.h) + r * 2 * F;
+    T* a = static_cast<T*>(c.a) + r * F;
+    T* as = c.score ? static_cast<T*>(c.as) + r * F : nullptr;
+    const float sc = c.score ? detail::score_f32(*c.score, r) : 0.f;
+    const float* s = acc + i * ld;
+    int64_t f0 = 0, n = 0;
+    if (c.glu.kind == GluKind::swiglu) {
+      const int64_t blk = j0 / c.blocks.nc, wp = c.blocks.padded(blk);
+      f0 = blk * c.blocks.h, n = c.blocks.width(blk);
+      for (int64_t f = 0; f < n; ++f) {
+        const T g = h_value<T>(s[f], b, f0 + f), u = h_value<T>(s[wp + f], b, F + f0 + f);
+        h[f0 + f] = g;
+        h[F + f0 + f] = u;
+        a[f0 + f] = store<T>(nn_detail::silu(load<T>(g)) * load<T>(u));
+      }
+    } else {
+      // GPT-OSS's clamped GLU on interleaved pairs, as gpt_oss_glu_forward.
+      const float alpha = float(c.glu.alpha), limit = float(c.glu.limit);
+      f0 = j0 / 2, n = cols / 2;
+      for (int64_t f = 0; f < n; ++f) {
+        const int64_t col = j0 + 2 * f;
+        const T gh = h_value<T>(s[2 * f], b, col), uh = h_value<T>(s[2 * f + 1], b, col + 1);
+        h[col] = gh;
+        h[col + 1] = uh;
+        const float gate = std::min(load<T>(gh), limit);
+        const float up = std::clamp(load<T>(uh), -limit, limit);
+        const float glu = gate * (1.f / (1.f + std::exp(-(alpha * gate))));
+        a[f0 + f] = store<T>((up + 1.f) * glu);
+      }
+    }
+    if (as) {
+      for (int64_t f = f0; f < f0 + n; ++f) as[f] = store<T>(load<T>(a[f]) * sc);
+    }
+  }
+}
+
+}  // namespace
+
+void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>& offset_G,
+                    const PackedWeights& w, const Tensor& bias_GO, const Tensor& score_N,
+                    std::span<const uint8_t> skip_G) {
+  const char* op = "grouped_matmul";
+  detail::check_packed(w, PackUse::forward, PackUse::backward_dx, op);
+  const bool dx = w.use() == PackUse::backward_dx;
+  const int64_t N = x_NI.defined() ? x_NI.size(0) : 0;
+  const int64_t I = dx ? w.out_features() : w.in_features();
+  const int64_t O = dx ? w.in_features() : w.out_features();
+  const DType dt = w.source().dtype();
+  detail::check_rows_of(x_NI, N, I, dt, op, "x_NI");
+  detail::check_rows_of(y_NO, N, O, dt, op, "y_NO");
+  detail::check_grouped_rows(offset_G, w.groups(), N, skip_G, op);
+  detail::check_scores(score_N, N, op);
+  TIERMOE_CHECK(!bias_GO.defined() || (!dx && bias_GO.dim() == 2 && bias_GO.size(0) == w.groups() &&
+                                       bias_GO.size(1) == O && bias_GO.dtype() == dt),
+                str_of(op, ": bias must be [G, O] = [", w.groups(), ", ", O, "] ", dtype_name(dt),
+                       " on a forward product"),
+                op, "pass the stacked biases, or none for dx");
+  TIERMOE_CHECK(w.isa() == cpu_isa(),
+                str_of(op, ": weights packed for ", cpu_isa_name(w.isa()), ", running ",
+                       cpu_isa_name(cpu_isa())),
+                op, "re-pack after changing the ISA");
+  const gemm::Microkernel& uk = kernel_for(w.isa(), dt, op);
+  const StoreCall call{y_NO.raw(), O, bias_GO.defined() ? bias_GO.raw() : nullptr,
+                       bias_GO.defined() && score_N.defined() ? &score_N : nullptr};
+  run_items(uk, w, x_NI, offset_G, skip_G, call,
+            dt == DType::f32 ? store_item<float> : store_item<bf16>);
+}
+
+void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tensor& x_ND,
+                         const std::vector<int64_t>& offset_G, const PackedWeights& w13,
+                         const Tensor& b13_G2F, const Tensor& score_N,
+                         std::span<const uint8_t> skip_G) {
+  const char* op = "grouped_glu_forward";
+  detail::check_packed(w13, PackUse::forward_glu, PackUse::forward_glu, op);
+  const int64_t N = x_ND.defined() ? x_ND.size(0) : 0, F = w13.out_features() / 2;
+  const DType dt = w13.source().dtype();
+  detail::check_rows_of(x_ND, N, w13.in_features(), dt, op, "x_ND");
+  detail::check_rows_of(h_N2F, N, 2 * F, dt, op, "h_N2F");
+  detail::check_rows_of(a_NF, N, F, dt, op, "a_NF");
+  if (score_N.defined()) detail::check_rows_of(as_NF, N, F, dt, op, "as_NF");
+  detail::check_grouped_rows(offset_G, w13.groups(), N, skip_G, op);
+  detail::check_scores(score_N, N, op);
+  TIERMOE_CHECK(!b13_G2F.defined() || (b13_G2F.dim() == 2 && b13_G2F.size(0) == w13.groups() &&
+                                       b13_G2F.size(1) == 2 * F && b13_G2F.dtype() == dt),
+                str_of(op, ": b13 must be [G, 2F] = [", w13.groups(), ", ", 2 * F, "] ",
+                       dtype_name(dt)),
+                op, "pass the stacked W13 biases, or none");
+  TIERMOE_CHECK(w13.isa() == cpu_isa(),
+                str_of(op, ": weights packed for ", cpu_isa_name(w13.isa()), ", running ",
+                       cpu_isa_name(cpu_isa())),
+                op, "re-pack after changing the ISA");
+  const gemm::Microkernel& uk = kernel_for(w13.isa(), dt, op);
+  GluCall call{h_N2F.raw(),
+               a_NF.raw(),
+               score_N.defined() ? as_NF.raw() : nullptr,
+               F,
+               b13_G2F.defined() ? b13_G2F.raw() : nullptr,
+               score_N.defined() ? &score_N : nullptr,
+               w13.glu(),
+               {}};
+  if (w13.glu().kind == GluKind::swiglu) call.blocks = glu_blocks(uk, F);
+  run_items(uk, w13, x_ND, offset_G, skip_G, call,
+            dt == DType::f32 ? glu_item<float> : glu_item<bf16>);
+}
+
+}  // namespace cpu
+}  // namespace tiermoe

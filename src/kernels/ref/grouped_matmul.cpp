@@ -1,0 +1,124 @@
+// The oracle of the grouped products: each group's rows through ref::matmul_*
+// on the stack the weights were packed from, then the bias, GLU and score one
+// step at a time in plain loops.
+#include "tiermoe/kernels/grouped_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "../grouped_check.h"
+#include "../nn_common.h"
+#include "tiermoe/kernels/matmul.h"
+
+namespace tiermoe::ref {
+namespace {
+
+bool runs(const std::vector<int64_t>& offset_G, std::span<const uint8_t> skip_G, int64_t g) {
+  return (skip_G.empty() || !skip_G[size_t(g)]) && offset_G[size_t(g) + 1] > offset_G[size_t(g)];
+}
+
+// y_MO = T(y + b) or T(y + s * b), per row.
+template <class T>
+void add_bias(Tensor& y_MO, const T* b, const Tensor& score_N, int64_t row0) {
+  const int64_t M = y_MO.size(0), O = y_MO.size(1);
+  T* y = y_MO.data<T>();
+  for (int64_t m = 0; m < M; ++m) {
+    const float s = score_N.defined() ? detail::score_f32(score_N, row0 + m) : 1.f;
+    for (int64_t o = 0; o < O; ++o) {
+      const float bias = load<T>(b[o]);
+      y[m * O + o] = store<T>(load<T>(y[m * O + o]) + (score_N.defined() ? s * bias : bias));
+    }
+  }
+}
+
+template <class T>
+void glu(Tensor& a_MF, const Tensor& h_M2F, const Glu& g) {
+  const int64_t M = a_MF.size(0), F = a_MF.size(1);
+  const T* h = h_M2F.data<T>();
+  T* a = a_MF.data<T>();
+  const float alpha = float(g.alpha), limit = float(g.limit);
+  for (int64_t m = 0; m < M; ++m) {
+    for (int64_t f = 0; f < F; ++f) {
+      if (g.kind == GluKind::swiglu) {
+        const float gate = load<T>(h[m * 2 * F + f]), up = load<T>(h[m * 2 * F + F + f]);
+        a[m * F + f] = store<T>(nn_detail::silu(gate) * up);
+      } else {
+        const float gate = std::min(load<T>(h[m * 2 * F + 2 * f]), limit);
+        const float up = std::clamp(load<T>(h[m * 2 * F + 2 * f + 1]), -limit, limit);
+        const float sig = 1.f / (1.f + std::exp(-(alpha * gate)));
+        a[m * F + f] = store<T>((up + 1.f) * (gate * sig));
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>& offset_G,
+                    const PackedWeights& w, const Tensor& bias_GO, const Tensor& score_N,
+                    std::span<const uint8_t> skip_G) {
+  const char* op = "grouped_matmul";
+  detail::check_packed(w, PackUse::forward, PackUse::backward_dx, op);
+  const bool dx = w.use() == PackUse::backward_dx;
+  const int64_t N = x_NI.defined() ? x_NI.size(0) : 0;
+  const DType dt = w.source().dtype();
+  detail::check_rows_of(x_NI, N, dx ? w.out_features() : w.in_features(), dt, op, "x_NI");
+  detail::check_rows_of(y_NO, N, dx ? w.in_features() : w.out_features(), dt, op, "y_NO");
+  detail::check_grouped_rows(offset_G, w.groups(), N, skip_G, op);
+  detail::check_scores(score_N, N, op);
+  for (int64_t g = 0; g < w.groups(); ++g) {
+    if (!runs(offset_G, skip_G, g)) continue;
+    const int64_t b = offset_G[size_t(g)], e = offset_G[size_t(g) + 1];
+    Tensor y = y_NO.rows(b, e);
+    const Tensor x = x_NI.rows(b, e), w_g = w.source().select(g);
+    if (dx) {
+      matmul_backward_dx(y, x, w_g);
+    } else {
+      matmul_forward(y, x, w_g);
+    }
+    if (bias_GO.defined()) {
+      visit_dtype(dt, [&]<class T>() {
+        if constexpr (!std::is_same_v<T, double>) {
+          add_bias(y, bias_GO.data<T>() + g * bias_GO.size(1), score_N, b);
+        }
+      });
+    }
+  }
+}
+
+void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tensor& x_ND,
+                         const std::vector<int64_t>& offset_G, const PackedWeights& w13,
+                         const Tensor& b13_G2F, const Tensor& score_N,
+                         std::span<const uint8_t> skip_G) {
+  const char* op = "grouped_glu_forward";
+  detail::check_packed(w13, PackUse::forward_glu, PackUse::forward_glu, op);
+  const int64_t N = x_ND.defined() ? x_ND.size(0) : 0, F = w13.out_features() / 2;
+  const DType dt = w13.source().dtype();
+  detail::check_rows_of(x_ND, N, w13.in_features(), dt, op, "x_ND");
+  detail::check_rows_of(h_N2F, N, 2 * F, dt, op, "h_N2F");
+  detail::check_rows_of(a_NF, N, F, dt, op, "a_NF");
+  if (score_N.defined()) detail::check_rows_of(as_NF, N, F, dt, op, "as_NF");
+  detail::check_grouped_rows(offset_G, w13.groups(), N, skip_G, op);
+  detail::check_scores(score_N, N, op);
+  for (int64_t g = 0; g < w13.groups(); ++g) {
+    if (!runs(offset_G, skip_G, g)) continue;
+    const int64_t b = offset_G[size_t(g)], e = offset_G[size_t(g) + 1];
+    Tensor h = h_N2F.rows(b, e), a = a_NF.rows(b, e);
+    matmul_forward(h, x_ND.rows(b, e), w13.source().select(g));
+    visit_dtype(dt, [&]<class T>() {
+      if constexpr (!std::is_same_v<T, double>) {
+        if (b13_G2F.defined()) add_bias(h, b13_G2F.data<T>() + g * 2 * F, Tensor(), b);
+        glu<T>(a, h, w13.glu());
+        if (!score_N.defined()) return;
+        const T* ap = a.data<T>();
+        T* out = as_NF.data<T>() + b * F;
+        for (int64_t m = 0; m < e - b; ++m) {
+          const float s = detail::score_f32(score_N, b + m);
+          for (int64_t f = 0; f < F; ++f) out[m * F + f] = store<T>(load<T>(ap[m * F + f]) * s);
+        }
+      }
+    });
+  }
+}
+
+}  // namespace tiermoe::ref

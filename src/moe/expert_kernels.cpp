@@ -1,0 +1,161 @@
+#include "tiermoe/moe/expert_kernels.h"
+
+#include <chrono>
+
+#include "tiermoe/moe/executor.h"
+#include "tiermoe/moe/expert_math.h"
+
+namespace tiermoe {
+
+bool ExpertPacks::applies(const GroupedExperts& experts) {
+  const ExpertsConfig& cfg = experts.config();
+  const DType dt = experts.dtype();
+  return experts.packs().enabled() && cfg.kernels == KernelSet::cpu &&
+         (dt == DType::f32 || dt == DType::bf16) &&
+         !experts.adapter() && !cfg.post_norm && cpu_isa() != CpuIsa::onednn;
+}
+
+const PackedWeights& ExpertPacks::get(const GroupedExperts& experts, ExpertPack which) {
+  std::lock_guard lock(mutex_);
+  Slot& s = slots_[int(which)];
+  const uint64_t version = experts.weights_version();
+  if (s.valid && s.version == version && s.w.isa() == cpu_isa()) return s.w;
+  const auto start = std::chrono::steady_clock::now();
+  const ExpertsConfig& cfg = experts.config();
+  Glu glu;
+  if (cfg.activation == ExpertActivation::gpt_oss) {
+    glu = Glu{GluKind::clamped, cfg.gpt_oss.alpha, cfg.gpt_oss.limit};
+  }
+  stats_.bytes -= s.w.bytes();
+  switch (which) {
+    case ExpertPack::w13_glu:
+      s.w.pack(experts.param("w13"), PackUse::forward_glu, glu);
+      break;
+    case ExpertPack::w2:
+      s.w.pack(experts.param("w2"), PackUse::forward);
+      break;
+    case ExpertPack::w13_dx:
+      s.w.pack(experts.param("w13"), PackUse::backward_dx);
+      break;
+    case ExpertPack::w2_dx:
+      s.w.pack(experts.param("w2"), PackUse::backward_dx);
+      break;
+  }
+  stats_.bytes += s.w.bytes();
+  stats_.packs += 1;
+  stats_.seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.version = version;
+  s.valid = true;
+  return s.w;
+}
+
+ExpertPackStats ExpertPacks::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+namespace {
+
+Tensor param_or_none(const GroupedExperts& ex, const char* name, bool has) {
+  return has ? ex.param(name) : Tensor();
+}
+
+Tensor rows_or_none(const Tensor& t, int64_t b, int64_t e) {
+  return t.defined() ? t.rows(b, e) : Tensor();
+}
+
+}  // namespace
+
+void grouped_experts_forward(const GroupedExperts& experts, Tensor& y_ND, ExpertRowsActs& all,
+                             const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                             const Tensor& score_N, const std::vector<uint8_t>& skip_E) {
+  const ExpertsConfig& cfg = experts.config();
+  const int64_t N = x_ND.size(0), F = cfg.ffn;
+  if (N == 0) return;
+  ExpertPacks& packs = experts.packs();
+  const PackedWeights& w13 = packs.get(experts, ExpertPack::w13_glu);
+  const PackedWeights& w2 = packs.get(experts, ExpertPack::w2);
+  // W2's input: the activation scaled by the score (absorbed), else itself.
+  Tensor w2_in = score_N.defined() ? Tensor::empty({N, F}, experts.dtype()) : all.a_MF;
+  cpu::grouped_glu_forward(all.h_M2F, all.a_MF, w2_in, x_ND, offset_E, w13,
+                           param_or_none(experts, "b13", cfg.bias), score_N, skip_E);
+  cpu::grouped_matmul(y_ND, w2_in, offset_E, w2, param_or_none(experts, "b2", cfg.bias), score_N,
+                      skip_E);
+}
+
+void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& dscore_N,
+                              const Tensor& dy_ND, const ExpertRowsActs& all,
+                              const std::vector<int64_t>& offset_E, const Tensor& score_N,
+                              bool weight_grads, const std::vector<uint8_t>& skip_E) {
+  const ExpertsConfig& cfg = experts.config();
+  const int64_t N = dy_ND.size(0), F = cfg.ffn;
+  if (N == 0) return;
+  const DType dt = experts.dtype();
+  ExpertPacks& packs = experts.packs();
+  const PackedWeights& w2_dx = packs.get(experts, ExpertPack::w2_dx);
+  const PackedWeights& w13_dx = packs.get(experts, ExpertPack::w13_dx);
+  const bool absorbed = score_N.defined();
+  TIERMOE_CHECK(!weight_grads || all.x_MD.defined(),
+                "weight gradients need the expert inputs x_ND, which forward did not keep",
+                experts.name(), "run forward with weight_grads = true");
+  TIERMOE_CHECK(!(weight_grads || absorbed) || all.a_MF.defined(),
+                "this backward needs the activation a_NF, which forward did not keep",
+                experts.name(), "keep a_NF (or rebuild it by replay) for weight grads or absorbed scores");
+  // Expert e's view of the call: its rows of the saves, scores, dscore.
+  struct Rows {
+    ExpertMath m;
+    ExpertRowsActs acts;
+    Tensor score, dscore;
+  };
+  auto rows_of = [&](int64_t e) {
+    const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+    Rows r{experts.math(e), {}, {}, {}};
+    r.acts.x_MD = rows_or_none(all.x_MD, b, end);
+    r.acts.h_M2F = all.h_M2F.rows(b, end);
+    r.acts.a_MF = rows_or_none(all.a_MF, b, end);
+    if (absorbed) r.score = score_N.rows(b, end), r.dscore = dscore_N.rows(b, end);
+    return r;
+  };
+  // Each side's sum is complete after its step (this call's rows, in the
+  // rule's blocks), so it is added to the grads there: the same one add per
+  // tensor as backward_rows, one expert's scratch sum alive per thread.
+  auto sum_for = [&] {
+    return weight_grads ? ExpertGrads::empty(cfg, experts.grad_dtype()) : ExpertGrads();
+  };
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        Rows r = rows_of(e);
+        ExpertGrads sum = sum_for();
+        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+        expert_backward_w2_side(r.m, r.dscore, dy_ND.rows(b, end), r.acts, r.score,
+                                weight_grads ? &sum : nullptr, false, false);
+        if (!weight_grads) return;
+        ExpertGrads part;
+        part.dw2_DF = sum.dw2_DF, part.db2_D = sum.db2_D;
+        experts.grads(e).add(part);
+      },
+      skip_E);
+  Tensor da_NF = Tensor::empty({N, F}, dt);
+  cpu::grouped_matmul(da_NF, dy_ND, offset_E, w2_dx, Tensor(), Tensor(), skip_E);
+  Tensor dh_N2F = Tensor::empty({N, 2 * F}, dt);
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        Rows r = rows_of(e);
+        ExpertGrads sum = sum_for();
+        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
+        Tensor dh = dh_N2F.rows(b, end), da = da_NF.rows(b, end);
+        expert_backward_w13_side(r.m, dh, r.dscore, da, r.acts, r.score,
+                                 weight_grads ? &sum : nullptr, false);
+        if (!weight_grads) return;
+        ExpertGrads part;
+        part.dw13_FD = sum.dw13_FD, part.db13_F = sum.db13_F;
+        experts.grads(e).add(part);
+      },
+      skip_E);
+  cpu::grouped_matmul(dx_ND, dh_N2F, offset_E, w13_dx, Tensor(), Tensor(), skip_E);
+}
+
+}  // namespace tiermoe

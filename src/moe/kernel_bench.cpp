@@ -1,0 +1,141 @@
+#include "tiermoe/moe/kernel_bench.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <cstdio>
+#include <sstream>
+
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/core/random.h"
+#include "tiermoe/kernels/cpu_peak.h"
+#include "tiermoe/moe/expert_kernels.h"
+
+namespace tiermoe {
+
+std::string ExpertKernelBenchResult::to_json() const {
+  std::ostringstream os;
+  os << "{\"isa\": \"" << isa << "\", \"dtype\": \"" << dtype << "\", \"threads\": " << threads
+     << ", \"peak_tflops\": " << peak_tflops << ", \"pack_s\": " << pack_s
+     << ", \"pack_bytes\": " << pack_bytes << ", \"kernels\": [";
+  for (size_t i = 0; i < timings.size(); ++i) {
+    const ExpertKernelTiming& t = timings[i];
+    os << (i ? ", " : "") << "{\"kernel\": \"" << t.kernel
+       << "\", \"rows_per_expert\": " << t.rows_per_expert << ", \"experts\": " << t.experts
+       << ", \"seconds\": " << t.seconds << ", \"tflops\": " << t.tflops
+       << ", \"of_peak\": " << t.of_peak << "}";
+  }
+  os << "]}";
+  return os.str();
+}
+
+std::string ExpertKernelBenchResult::to_table() const {
+  std::ostringstream os;
+  char line[160];
+  std::snprintf(line, sizeof line, "ISA %s, %s, %d threads, measured peak %.3f TFLOP/s\n",
+                isa.c_str(), dtype.c_str(), threads, peak_tflops);
+  os << line;
+  std::snprintf(line, sizeof line, "%-8s %8s %8s %10s %9s %8s\n", "kernel", "rows/exp", "experts",
+                "seconds", "TFLOP/s", "of peak");
+  os << line;
+  for (const ExpertKernelTiming& t : timings) {
+    std::snprintf(line, sizeof line, "%-8s %8lld %8lld %10.5f %9.4f %7.1f%%\n", t.kernel.c_str(),
+                  (long long)t.rows_per_expert, (long long)t.experts, t.seconds, t.tflops,
+                  100 * t.of_peak);
+    os << line;
+  }
+  std::snprintf(line, sizeof line, "packing all four stacks once: %.3f s, %.1f MB held\n", pack_s,
+                double(pack_bytes) / 1e6);
+  os << line;
+  return os.str();
+}
+
+ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& opt) {
+  TIERMOE_CHECK(opt.experts >= 1 && opt.hidden >= 1 && opt.ffn >= 1 && opt.iters >= 1 &&
+                    opt.max_rows >= 1,
+                "bench expert-kernels needs E, D, F, iters and max rows >= 1",
+                "bench expert-kernels", "");
+  for (int64_t r : opt.rows_per_expert) {
+    TIERMOE_CHECK(r >= 1, detail::str_of("rows per expert must be >= 1, got ", r), "--rows", "");
+  }
+  if (opt.threads > 0) set_num_threads(opt.threads);
+  const int64_t E = opt.experts, D = opt.hidden, F = opt.ffn;
+  ExpertsConfig cfg;
+  cfg.num_experts = E, cfg.hidden = D, cfg.ffn = F;
+  GroupedExperts experts(cfg, opt.dtype, "bench.experts");
+  TIERMOE_CHECK(ExpertPacks::applies(experts),
+                detail::str_of("the grouped kernels do not run ", dtype_name(opt.dtype), " on ",
+                               cpu_isa_name(cpu_isa())),
+                "bench expert-kernels", "use bf16 or f32 on a TierMoE ISA (not onednn)");
+  Rng rng(opt.seed);
+  fill_uniform(experts.param("w13"), rng, -0.03, 0.03);
+  fill_uniform(experts.param("w2"), rng, -0.03, 0.03);
+
+  ExpertKernelBenchResult res;
+  res.isa = std::string(cpu_isa_name(cpu_isa()));
+  res.dtype = std::string(dtype_name(opt.dtype));
+  res.threads = num_threads();
+  res.peak_tflops = measure_peak_flops(cpu_isa(), opt.dtype, res.threads) / 1e12;
+  ExpertPacks& packs = experts.packs();
+  for (ExpertPack p : {ExpertPack::w13_glu, ExpertPack::w2, ExpertPack::w13_dx, ExpertPack::w2_dx}) {
+    packs.get(experts, p);
+  }
+  res.pack_s = packs.stats().seconds;
+  res.pack_bytes = packs.stats().bytes;
+
+  using Clock = std::chrono::steady_clock;
+  for (int64_t r : opt.rows_per_expert) {
+    const int64_t G = std::clamp<int64_t>(opt.max_rows / r, 1, E), N = G * r;
+    std::vector<int64_t> offset_E(size_t(E) + 1, N);
+    for (int64_t e = 0; e <= G; ++e) offset_E[size_t(e)] = e * r;
+    Tensor x = Tensor::empty({N, D}, opt.dtype), dy = Tensor::empty({N, D}, opt.dtype);
+    fill_uniform(x, rng, -1, 1);
+    fill_uniform(dy, rng, -1, 1);
+    Tensor h = Tensor::empty({N, 2 * F}, opt.dtype), a = Tensor::empty({N, F}, opt.dtype);
+    Tensor as = Tensor::empty({N, F}, opt.dtype), y = Tensor::empty({N, D}, opt.dtype);
+    Tensor da = Tensor::empty({N, F}, opt.dtype), dx = Tensor::empty({N, D}, opt.dtype);
+    Tensor score = Tensor::empty({N}, DType::f32);
+    score.fill(0.5);
+    const Tensor none;
+    struct Kernel {
+      const char* name;
+      double flops;
+      std::function<void()> run;
+    };
+    const double mnk = 2.0 * double(N) * double(D) * double(F);
+    const Kernel kernels[] = {
+        {"w13_glu", 2 * mnk,
+         [&] {
+           cpu::grouped_glu_forward(h, a, as, x, offset_E, packs.get(experts, ExpertPack::w13_glu),
+                                    none, score);
+         }},
+        {"w2", mnk,
+         [&] { cpu::grouped_matmul(y, as, offset_E, packs.get(experts, ExpertPack::w2)); }},
+        {"w2_dx", mnk,
+         [&] { cpu::grouped_matmul(da, dy, offset_E, packs.get(experts, ExpertPack::w2_dx)); }},
+        {"w13_dx", 2 * mnk,
+         [&] { cpu::grouped_matmul(dx, h, offset_E, packs.get(experts, ExpertPack::w13_dx)); }},
+    };
+    for (const Kernel& k : kernels) {
+      k.run();  // warm-up: scratch, caches
+      std::vector<double> times;
+      for (int it = 0; it < opt.iters; ++it) {
+        const auto t0 = Clock::now();
+        k.run();
+        times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      std::sort(times.begin(), times.end());
+      ExpertKernelTiming t;
+      t.kernel = k.name;
+      t.rows_per_expert = r;
+      t.experts = G;
+      t.seconds = times[times.size() / 2];
+      t.tflops = k.flops / t.seconds / 1e12;
+      t.of_peak = res.peak_tflops > 0 ? t.tflops / res.peak_tflops : 0;
+      res.timings.push_back(t);
+    }
+  }
+  return res;
+}
+
+}  // namespace tiermoe

@@ -1,0 +1,206 @@
+// HostExperts on the grouped kernels (moe/expert_kernels.h) against the
+// per-expert path (GroupedExperts::forward_rows / backward_rows, which the
+// device tier's graphs run): the same bits for every output, saved
+// activation and gradient, on every ISA this machine can run; and the packed
+// weights follow the weights.
+#include <gtest/gtest.h>
+
+#include <optional>
+#include <utility>
+#include <string>
+#include <vector>
+
+#include "kernels/isa_test_util.h"
+#include "moe/moe_test_util.h"
+#include "tiermoe/moe/executor.h"
+#include "tiermoe/moe/expert_kernels.h"
+
+namespace tiermoe {
+namespace {
+
+using testing::bitwise_equal;
+using testing::random_tensor;
+using testing::ScopedIsa;
+using testing::Variant;
+
+struct Case {
+  CpuIsa isa;
+  DType dtype;
+  Variant variant;
+  bool absorbed;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& info) {
+  std::string isa(cpu_isa_name(info.param.isa));
+  for (char& c : isa) c = c == '-' ? '_' : c;
+  return isa + "_" + std::string(dtype_name(info.param.dtype)) + "_" +
+         testing::variant_name(info.param.variant) + (info.param.absorbed ? "_absorbed" : "");
+}
+
+std::vector<Case> all_cases() {
+  std::vector<Case> v;
+  for (CpuIsa isa : {CpuIsa::avx2, CpuIsa::avx512, CpuIsa::avx512bf16, CpuIsa::amx,
+                     CpuIsa::avx512_emu, CpuIsa::avx512bf16_emu, CpuIsa::amx_emu}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      for (Variant var : {Variant::swiglu, Variant::gpt_oss_bias}) {
+        for (bool absorbed : {false, true}) v.push_back({isa, dt, var, absorbed});
+      }
+    }
+  }
+  return v;
+}
+
+// Rows per expert: none, one, around the 16- and 32-row tiles, many.
+const std::vector<int64_t> kRows = {0, 1, 15, 17, 33, 130};
+constexpr int64_t kD = 70, kF = 150;
+
+struct Outputs {
+  Tensor y, h, a, dx, dscore;
+  std::vector<Tensor> grads;
+};
+
+class ExpertKernels : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    const CpuIsa isa = GetParam().isa;
+    if (!cpu_isa_supported(isa)) {
+      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
+    }
+    scoped_.emplace(isa);
+  }
+  void TearDown() override { scoped_.reset(); }
+
+ private:
+  std::optional<ScopedIsa> scoped_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Isa, ExpertKernels, ::testing::ValuesIn(all_cases()), case_name);
+
+std::vector<int64_t> offsets() {
+  std::vector<int64_t> o{0};
+  for (int64_t r : kRows) o.push_back(o.back() + r);
+  return o;
+}
+
+// Forward and backward (dx, dscore, weight grads) through HostExperts.
+Outputs host_run(GroupedExperts& ex, const Tensor& x, const Tensor& dy, const Tensor& score,
+             bool weight_grads) {
+  const std::vector<int64_t> off = offsets();
+  const int64_t N = x.size(0);
+  HostExperts host(ex);
+  Outputs r;
+  r.y = Tensor::empty({N, kD}, ex.dtype());
+  SavedTensors saved("experts");
+  host.forward(r.y, x, off, score, saved, ExpertSaves{});
+  r.h = saved.get("h_N2F").clone();
+  r.a = saved.get("a_NF").clone();
+  ex.zero_grad();
+  r.dx = Tensor::empty({N, kD}, ex.dtype());
+  r.dscore = Tensor::zeros({N}, DType::f32);
+  host.backward(r.dx, r.dscore, dy, off, score, saved, weight_grads, false);
+  if (weight_grads) {
+    for (const auto& n : ex.param_names()) r.grads.push_back(ex.grad(n).clone());
+  }
+  return r;
+}
+
+// The same through the per-expert functions, one expert at a time.
+Outputs per_expert_run(GroupedExperts& ex, const Tensor& x, const Tensor& dy, const Tensor& score,
+                   bool weight_grads) {
+  const std::vector<int64_t> off = offsets();
+  const int64_t N = x.size(0);
+  Outputs r;
+  r.y = Tensor::empty({N, kD}, ex.dtype());
+  r.h = Tensor::empty({N, 2 * kF}, ex.dtype());
+  r.a = Tensor::empty({N, kF}, ex.dtype());
+  r.dx = Tensor::empty({N, kD}, ex.dtype());
+  r.dscore = Tensor::zeros({N}, DType::f32);
+  ex.zero_grad();
+  if (weight_grads) ex.allocate_grads();
+  for (size_t e = 0; e + 1 < off.size(); ++e) {
+    const int64_t b = off[e], end = off[e + 1];
+    if (b == end) continue;
+    ExpertRowsActs acts;
+    acts.x_MD = x.rows(b, end);
+    acts.h_M2F = r.h.rows(b, end);
+    acts.a_MF = r.a.rows(b, end);
+    Tensor y = r.y.rows(b, end), dx = r.dx.rows(b, end);
+    Tensor s = score.defined() ? score.rows(b, end) : Tensor();
+    Tensor ds = score.defined() ? r.dscore.rows(b, end) : Tensor();
+    ex.forward_rows(int64_t(e), y, acts, x.rows(b, end), s);
+    ex.backward_rows(int64_t(e), dx, ds, dy.rows(b, end), acts, s, weight_grads);
+  }
+  if (weight_grads) {
+    for (const auto& n : ex.param_names()) r.grads.push_back(ex.grad(n).clone());
+  }
+  return r;
+}
+
+void expect_same(const Outputs& got, const Outputs& want, const std::vector<std::string>& names,
+                 const std::string& what) {
+  EXPECT_TRUE(bitwise_equal(got.y, want.y, what + " y"));
+  EXPECT_TRUE(bitwise_equal(got.h, want.h, what + " h"));
+  EXPECT_TRUE(bitwise_equal(got.a, want.a, what + " a"));
+  EXPECT_TRUE(bitwise_equal(got.dx, want.dx, what + " dx"));
+  EXPECT_TRUE(bitwise_equal(got.dscore, want.dscore, what + " dscore"));
+  ASSERT_EQ(got.grads.size(), want.grads.size());
+  for (size_t i = 0; i < got.grads.size(); ++i) {
+    EXPECT_TRUE(bitwise_equal(got.grads[i], want.grads[i], what + " d" + names[i]));
+  }
+}
+
+TEST_P(ExpertKernels, EqualPerExpertPathBitwise) {
+  const auto [isa, dt, variant, absorbed] = GetParam();
+  Rng rng(81);
+  GroupedExperts ex(testing::experts_config(variant, int64_t(kRows.size()), kD, kF), dt);
+  testing::fill_experts(ex, rng, 0.3);
+  ASSERT_TRUE(ExpertPacks::applies(ex));
+  const int64_t N = offsets().back();
+  const Tensor x = random_tensor({N, kD}, dt, rng), dy = random_tensor({N, kD}, dt, rng);
+  Tensor score;
+  if (absorbed) {
+    score = Tensor::empty({N}, DType::f32);
+    for (int64_t n = 0; n < N; ++n) score.set(n, rng.uniform(0.05, 1.0));
+  }
+  for (bool weight_grads : {true, false}) {
+    const Outputs got = host_run(ex, x, dy, score, weight_grads);
+    EXPECT_EQ(ex.packs().stats().packs, 4) << "the grouped kernels did not run, or re-packed";
+    const Outputs want = per_expert_run(ex, x, dy, score, weight_grads);
+    expect_same(got, want, ex.param_names(), weight_grads ? "full" : "dx only");
+  }
+}
+
+// Packed once: a second step with unchanged weights packs nothing; after an
+// in-place change announced by weights_changed() (the optimizer step's
+// path) the results follow the new weights.
+TEST(ExpertPacks, RepackAfterWeightsChange) {
+  Rng rng(83);
+  GroupedExperts ex(testing::experts_config(Variant::swiglu, int64_t(kRows.size()), kD, kF),
+                    DType::bf16);
+  testing::fill_experts(ex, rng, 0.3);
+  const int64_t N = offsets().back();
+  const Tensor x = random_tensor({N, kD}, DType::bf16, rng);
+  const Tensor dy = random_tensor({N, kD}, DType::bf16, rng);
+  host_run(ex, x, dy, Tensor(), true);
+  const ExpertPackStats first = ex.packs().stats();
+  EXPECT_EQ(first.packs, 4);  // W13 and W2, each for forward and dx
+  const Tensor w13 = std::as_const(ex).param("w13"), w2 = std::as_const(ex).param("w2");
+  // Two copies of each (forward and dx layouts), panels padded.
+  EXPECT_GE(first.bytes, int64_t(2 * (w13.nbytes() + w2.nbytes())));
+  host_run(ex, x, dy, Tensor(), true);
+  EXPECT_EQ(ex.packs().stats().packs, 4) << "unchanged weights were re-packed";
+  const int64_t after_access = 4;
+
+  // An optimizer-like update through held tensors, then the announcement.
+  Tensor held13 = w13, held2 = w2;
+  fill_normal(held13, rng, 0.0, 0.3);
+  fill_normal(held2, rng, 0.0, 0.3);
+  ex.weights_changed();
+  const Outputs got = host_run(ex, x, dy, Tensor(), true);
+  EXPECT_EQ(ex.packs().stats().packs, after_access + 4);
+  const Outputs want = per_expert_run(ex, x, dy, Tensor(), true);
+  expect_same(got, want, ex.param_names(), "after the update");
+}
+
+}  // namespace
+}  // namespace tiermoe
