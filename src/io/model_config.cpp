@@ -300,8 +300,14 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
 }
 
 int64_t ModelConfig::num_moe_layers() const {
-  int64_t n = 0;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) n += is_moe_layer(l);
+  // Counted, not looped over: validate() runs this on a config.json's
+  // num_hidden_layers before any bound on it.
+  if (num_experts <= 0 || num_hidden_layers <= 0 || decoder_sparse_step <= 0) return 0;
+  int64_t n = num_hidden_layers / decoder_sparse_step;
+  std::vector<int64_t> dense = mlp_only_layers;
+  std::sort(dense.begin(), dense.end());
+  dense.erase(std::unique(dense.begin(), dense.end()), dense.end());
+  for (int64_t l : dense) n -= l >= 0 && l < num_hidden_layers && (l + 1) % decoder_sparse_step == 0;
   return n;
 }
 
@@ -549,29 +555,65 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   return c;
 }
 
+namespace {
+
+// int64 arithmetic that throws instead of overflowing: a config.json's sizes
+// are not bounded here, and their products are counted before anything is
+// allocated.
+struct CheckedCount {
+  static int64_t mul(int64_t a, int64_t b) {
+    int64_t out;
+    if (__builtin_mul_overflow(a, b, &out)) overflow();
+    return out;
+  }
+  static int64_t add(int64_t a, int64_t b) {
+    int64_t out;
+    if (__builtin_add_overflow(a, b, &out)) overflow();
+    return out;
+  }
+  [[noreturn]] static void overflow() {
+    throw Error("the parameter count overflows 64 bits", "config.json",
+                "check hidden_size, vocab_size, num_hidden_layers, num_experts and the "
+                "intermediate sizes");
+  }
+};
+
+}  // namespace
+
 ParamCounts param_counts(const ModelConfig& c) {
+  auto mul = [](std::initializer_list<int64_t> v) {
+    int64_t out = 1;
+    for (int64_t x : v) out = CheckedCount::mul(out, x);
+    return out;
+  };
+  auto add = [](std::initializer_list<int64_t> v) {
+    int64_t out = 0;
+    for (int64_t x : v) out = CheckedCount::add(out, x);
+    return out;
+  };
   const int64_t D = c.hidden_size, P = c.head_dim, H = c.num_attention_heads;
   const int64_t Hkv = c.num_key_value_heads, E = c.num_experts, K = c.num_experts_per_tok;
   ParamCounts n;
-  n.embedding = c.vocab_size * D;
-  n.per_expert = 3 * D * c.moe_intermediate_size;
+  n.embedding = mul({c.vocab_size, D});
+  n.per_expert = mul({3, D, c.moe_intermediate_size});
 
-  int64_t attention = D * H * P + 2 * D * Hkv * P + H * P * D;  // q, k, v, o
-  if (c.attention_bias) attention += H * P + 2 * Hkv * P + D;
+  // q, k, v, o
+  int64_t attention = add({mul({D, H, P}), mul({2, D, Hkv, P}), mul({H, P, D})});
+  if (c.attention_bias) attention = add({attention, mul({H, P}), mul({2, Hkv, P}), D});
   switch (c.qk_norm()) {
     case QkNorm::none: break;
-    case QkNorm::per_head: attention += 2 * P; break;
-    case QkNorm::whole: attention += H * P + Hkv * P; break;
+    case QkNorm::per_head: attention = add({attention, mul({2, P})}); break;
+    case QkNorm::whole: attention = add({attention, mul({H, P}), mul({Hkv, P})}); break;
   }
-  const int64_t per_layer = attention + 2 * D;  // plus input and post-attention norms
+  const int64_t per_layer = add({attention, mul({2, D})});  // plus input and post-attention norms
   const int64_t moe_layers = c.num_moe_layers();
   const int64_t dense_layers = c.num_hidden_layers - moe_layers;
 
-  n.experts = moe_layers * E * n.per_expert;
-  n.total = n.embedding + D + (c.tie_word_embeddings ? 0 : n.embedding) +
-            c.num_hidden_layers * per_layer + moe_layers * E * D /* routers */ + n.experts +
-            dense_layers * 3 * D * c.intermediate_size;
-  n.active_per_token = n.total - moe_layers * (E - K) * n.per_expert;
+  n.experts = mul({moe_layers, E, n.per_expert});
+  n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
+                 mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
+                 n.experts, mul({dense_layers, 3, D, c.intermediate_size})});
+  n.active_per_token = n.total - mul({moe_layers, E - K, n.per_expert});
   return n;
 }
 

@@ -151,14 +151,8 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
       layers > 0 && experts > 0,
       str_of("\"layers\" and \"experts\" must be positive, got ", layers, " and ", experts), where,
       kFileHint);
-  RoutingProfile p(layers, experts, decay);
-  p.steps_ = steps;
-  if (j.contains("drift")) {
-    p.drift_ = number_field(j, "drift", where);
-    TIERMOE_CHECK(std::isfinite(p.drift_) && p.drift_ >= 0 && p.drift_ <= 2,
-                  str_of("\"drift\" is ", p.drift_, ", outside [0, 2]"), where, kFileHint);
-  }
-
+  // The rows' shape is checked before the profile is made: "layers" and
+  // "experts" alone could ask for any amount of memory, the rows cannot.
   const Json& rows = field(j, "rows", where);
   TIERMOE_CHECK(
       rows.is_array() && int64_t(rows.size()) == layers,
@@ -167,12 +161,22 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
       where, "one array of per-expert rows per MoE layer");
   for (int64_t l = 0; l < layers; ++l) {
     const Json& row = rows[size_t(l)];
-    const std::string at = str_of(where, ": rows[", l, "]");
     TIERMOE_CHECK(
         row.is_array() && int64_t(row.size()) == experts,
         str_of("layer ", l, " must list ", experts, " experts, got ",
                row.is_array() ? std::to_string(row.size()) + " entries" : row.type_name()),
-        at, "every layer lists rows for each of \"experts\" experts");
+        str_of(where, ": rows[", l, "]"), "every layer lists rows for each of \"experts\" experts");
+  }
+  RoutingProfile p(layers, experts, decay);
+  p.steps_ = steps;
+  if (j.contains("drift")) {
+    p.drift_ = number_field(j, "drift", where);
+    TIERMOE_CHECK(std::isfinite(p.drift_) && p.drift_ >= 0 && p.drift_ <= 2,
+                  str_of("\"drift\" is ", p.drift_, ", outside [0, 2]"), where, kFileHint);
+  }
+  for (int64_t l = 0; l < layers; ++l) {
+    const Json& row = rows[size_t(l)];
+    const std::string at = str_of(where, ": rows[", l, "]");
     for (int64_t e = 0; e < experts; ++e) {
       const Json& v = row[size_t(e)];
       TIERMOE_CHECK(v.is_number(), str_of("layer ", l, " expert ", e, " is not a number"), at,
