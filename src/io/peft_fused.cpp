@@ -47,11 +47,11 @@ V pattern_value(const std::vector<std::pair<std::string, V>>& patterns, V dflt,
   V value = dflt;
   for (const auto& [pattern, v] : patterns) {
     if (!std::regex_match(key, compile_pattern(pattern, where))) continue;
-    TIERMOE_CHECK(!found || v == value,
-                  str_of(field, " patterns ", printable(*(found ? found : &pattern)), " and ",
-                         printable(pattern), " both match ", printable(key),
-                         " with different values"),
-                  where, "PEFT takes the first in file order; keep one pattern per module");
+    TIERMOE_CHECK(
+        !found || v == value,
+        str_of(field, " patterns ", printable(*(found ? found : &pattern)), " and ",
+               printable(pattern), " both match ", printable(key), " with different values"),
+        where, "PEFT takes the first in file order; keep one pattern per module");
     found = &pattern;
     value = v;
   }
@@ -70,8 +70,8 @@ bool param_targeted(const std::string& key, const std::vector<std::string>& targ
 }
 
 // B_e [out, R] of a [out, R*E] factor: columns e, E + e, ..., (R-1)*E + e.
-Tensor expert_columns(const Tensor& B, int64_t e, int64_t R, int64_t E, int64_t col0,
-                      int64_t rows0, int64_t rows) {
+Tensor expert_columns(const Tensor& B, int64_t e, int64_t R, int64_t E, int64_t col0, int64_t rows0,
+                      int64_t rows) {
   Tensor out = Tensor::empty({rows, R}, B.dtype(), MemTag::weights);
   const int64_t cols = B.size(1);
   for (int64_t o = 0; o < rows; ++o) {
@@ -99,7 +99,8 @@ void check_factors(const FusedParam& f, int64_t& E) {
                 f.where, "every adapted parameter needs both lora_A and lora_B");
   TIERMOE_CHECK(A.dim() == 2 && B.dim() == 2,
                 str_of("lora_A is ", A.str(), " and lora_B is ", B.str(), "; both must be 2-D"),
-                f.where, "PEFT stores a 3-D parameter's LoRA as lora_A [R*E, in], lora_B [out, R*E]");
+                f.where,
+                "PEFT stores a 3-D parameter's LoRA as lora_A [R*E, in], lora_B [out, R*E]");
   TIERMOE_CHECK(A.size(0) > 0 && A.size(0) % f.R == 0 && B.size(1) == A.size(0) && A.size(1) > 0 &&
                     B.size(0) > 0,
                 str_of("lora_A is ", A.str(), " and lora_B is ", B.str(), " but the rank of ",
@@ -130,8 +131,7 @@ void convert_down(PeftAdapter& adapter, const std::string& experts, const FusedP
   for (int64_t e = 0; e < E; ++e) {
     Tensor A = f.w->A.rows(e * r, (e + 1) * r).clone(MemTag::weights);
     Tensor B = expert_columns(f.w->B, e, r, E, 0, 0, f.w->B.size(0));
-    add_module(adapter, str_of(experts, ".", e, ".down_proj"), std::move(A), std::move(B),
-               f.where);
+    add_module(adapter, str_of(experts, ".", e, ".down_proj"), std::move(A), std::move(B), f.where);
   }
 }
 
@@ -168,16 +168,16 @@ void convert_gate_up(PeftAdapter& adapter, const std::string& experts, const Fus
       for (int64_t i = 0; i < block.numel(); ++i) worst = std::max(worst, std::abs(block.get(i)));
       TIERMOE_CHECK(worst == 0,
                     str_of("the fused gate_up_proj adapter ", printable(f.key), " (rank 2r = ", R,
-                           ") couples gate and up: expert ", e, "'s lora_B has ", what,
-                           " up to |", worst, "|"),
+                           ") couples gate and up: expert ", e, "'s lora_B has ", what, " up to |",
+                           worst, "|"),
                     f.where,
                     "TierMoE adapts gate_proj and up_proj with separate rank-r factors, so it "
                     "reads a rank-2r gate_up adapter only in the block-diagonal form PEFT makes "
                     "from per-expert adapters; one trained on the fused layout has no exact "
                     "equivalent (merge it into the base weights with PEFT's merge_and_unload)");
     }
-    add_module(adapter, str_of(experts, ".", e, ".gate_proj"), A_e.rows(0, r).clone(MemTag::weights),
-               expert_columns(B, e, r, E, 0, 0, F), f.where);
+    add_module(adapter, str_of(experts, ".", e, ".gate_proj"),
+               A_e.rows(0, r).clone(MemTag::weights), expert_columns(B, e, r, E, 0, 0, F), f.where);
     add_module(adapter, str_of(experts, ".", e, ".up_proj"), A_e.rows(r, R).clone(MemTag::weights),
                expert_columns(B, e, r, E, r, F, F), f.where);
   }
@@ -278,7 +278,8 @@ void convert_fused_experts(PeftAdapter& adapter, const std::map<std::string, Fus
     TIERMOE_CHECK(!params.empty(),
                   "fused expert LoRA weights at " + printable(experts) +
                       " but target_parameters names neither gate_up_proj nor down_proj",
-                  key_where, "adapter_config.json and the weights disagree; was the config replaced?");
+                  key_where,
+                  "adapter_config.json and the weights disagree; was the config replaced?");
     const int64_t n = int64_t(params.size());
     for (const auto& [depth, path] : wrappers) {
       TIERMOE_CHECK(depth < n,
@@ -298,7 +299,11 @@ void convert_fused_experts(PeftAdapter& adapter, const std::map<std::string, Fus
                     "target_parameters names " + printable(key) + " but the weights lack " +
                         printable(kPeftKeyPrefix + path + ".lora_A.weight"),
                     where, "every targeted parameter needs lora_A and lora_B");
-      FusedParam f{params[i], key, pwhere, &fused.at(path), pattern_rank(patterns, c, key, pwhere),
+      FusedParam f{params[i],
+                   key,
+                   pwhere,
+                   &fused.at(path),
+                   pattern_rank(patterns, c, key, pwhere),
                    pattern_alpha(patterns, c, key, pwhere)};
       int64_t experts_here = 0;
       check_factors(f, experts_here);

@@ -35,11 +35,10 @@
 // saying which condition fails.
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tiermoe/io/peft.h"
 

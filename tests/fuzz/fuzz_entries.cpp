@@ -129,11 +129,21 @@ void run_fuzz_input(FuzzTarget target, std::span<const uint8_t> data, const fs::
         write_file(scratch / "x.safetensors", bytes);
         read_safetensors(scratch / "x.safetensors");
         break;
-      case FuzzTarget::shard_index: read_checkpoint(bytes, scratch); break;
-      case FuzzTarget::config: read_config(bytes, scratch); break;
-      case FuzzTarget::tokens: read_tokens_file(bytes, scratch); break;
-      case FuzzTarget::peft: read_peft(bytes, scratch); break;
-      case FuzzTarget::profile: read_profile(bytes); break;
+      case FuzzTarget::shard_index:
+        read_checkpoint(bytes, scratch);
+        break;
+      case FuzzTarget::config:
+        read_config(bytes, scratch);
+        break;
+      case FuzzTarget::tokens:
+        read_tokens_file(bytes, scratch);
+        break;
+      case FuzzTarget::peft:
+        read_peft(bytes, scratch);
+        break;
+      case FuzzTarget::profile:
+        read_profile(bytes);
+        break;
     }
   } catch (const Error&) {
     // A rejection with what, where and a hint: the reader did its job.

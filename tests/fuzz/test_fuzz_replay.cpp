@@ -32,9 +32,9 @@ TEST_P(FuzzReplay, EveryCorpusFileIsAcceptedOrRejectedWithAnError) {
   }
   std::sort(files.begin(), files.end());
   ASSERT_GE(files.size(), size_t(5)) << dir << " holds too small a seed corpus";
-  const fs::path scratch = fs::temp_directory_path() /
-                           ("tiermoe_fuzz_replay_" + std::string(fuzz_target_name(target)) + "_" +
-                            std::to_string(::getpid()));
+  const fs::path scratch =
+      fs::temp_directory_path() / ("tiermoe_fuzz_replay_" + std::string(fuzz_target_name(target)) +
+                                   "_" + std::to_string(::getpid()));
   for (const fs::path& f : files) {
     const std::vector<uint8_t> bytes = slurp(f);
     try {
@@ -47,7 +47,9 @@ TEST_P(FuzzReplay, EveryCorpusFileIsAcceptedOrRejectedWithAnError) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Corpus, FuzzReplay, ::testing::ValuesIn(kFuzzTargets),
-                         [](const auto& info) { return std::string(fuzz_target_name(info.param)); });
+                         [](const auto& info) {
+                           return std::string(fuzz_target_name(info.param));
+                         });
 
 TEST(FuzzParts, SplitKeepsFurtherSeparatorsInTheLastPart) {
   const std::string sep(kFuzzPartSeparator);

@@ -67,7 +67,8 @@ TEST(PeftFused, ExpertsSplitByPeftsIndexRules) {
   TempDir dir;
   write_adapter(dir, v5_config(), v5_tensors(true));
   PeftAdapter a = load_peft_adapter(dir.path().string());
-  EXPECT_EQ(a.config.target_modules, (std::vector<std::string>{"down_proj", "gate_proj", "up_proj"}));
+  EXPECT_EQ(a.config.target_modules,
+            (std::vector<std::string>{"down_proj", "gate_proj", "up_proj"}));
   EXPECT_EQ(a.modules.size(), size_t(3 * kE));
   const Tensor gu_A = indexed({2 * kR * kE, kD}, 1), gu_B = v5_tensors(true)[1].second;
   const Tensor dn_A = indexed({kR * kE, kF}, 1), dn_B = indexed({kD, kR * kE}, 0.5);
