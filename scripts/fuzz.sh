@@ -54,6 +54,7 @@ for t in "${targets[@]}"; do
     [ "$rc" -ne 0 ] || break
     restarts=$(( restarts + 1 ))
   done
+  rm -rf "$scratch"/tiermoe_fuzz_"$t"_*  # the targets' scratch files
   elapsed=$(( SECONDS - start ))
   rate=$(( elapsed > 0 ? runs / elapsed : 0 ))
   found=$(find "build-fuzz/findings/$t" -type f | wc -l)
