@@ -3,7 +3,7 @@ BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 
-.PHONY: all deps build run test test-sanitize bench report-check fresh-check clean
+.PHONY: all deps build run test test-sanitize bench report-check fuzz fresh-check clean
 
 all: build
 
@@ -41,6 +41,13 @@ bench: build
 report-check: build
 	@scripts/report_check.sh $(BUILD)
 
+# libFuzzer targets for the file readers (tests/fuzz/), built with clang in
+# build-fuzz/, each run FUZZ_SECONDS seconds from the checked-in seed corpus;
+# `make test` replays that corpus. Installs clang when missing.
+FUZZ_SECONDS ?= 60
+fuzz:
+	@scripts/fuzz.sh $(FUZZ_SECONDS)
+
 # The README's set-up (`make run`, `make test`) on a fresh Debian 12 root built
 # with debootstrap under build-fresh/, from a clean clone of HEAD, in a chroot.
 # Needs root and the network; not part of `make test`. FRESH_KNOWN_FAILURES=FILE
@@ -50,4 +57,4 @@ fresh-check:
 	@scripts/fresh_check.sh $(if $(FRESH_KNOWN_FAILURES),--known-failures $(FRESH_KNOWN_FAILURES))
 
 clean:
-	rm -rf $(BUILD) build-sanitize
+	rm -rf $(BUILD) build-sanitize build-fuzz

@@ -12,6 +12,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
 
 #include "commands.h"
 #include "tiermoe/io/hf_names.h"
@@ -102,7 +103,8 @@ void cross_check(Report& r) {
   std::map<std::string, const TensorRow*> present;
   for (const auto& row : r.rows) present[row.name] = &row;
   std::map<std::string, bool> expected;
-  for (const HfTensor& t : hf_tensors(c)) {
+  auto stored = [&](const std::string& name) { return present.contains(name); };
+  for (const HfTensor& t : hf_checkpoint_tensors(c, stored)) {
     expected[t.name] = true;
     auto it = present.find(t.name);
     if (it == present.end()) {
@@ -136,7 +138,12 @@ Report build_report(const std::string& path) {
   // whatever it does not name; layers.2 before layers.10 either way.
   std::map<std::string, size_t> rank;
   if (r.config) {
-    for (const HfTensor& t : hf_tensors(*r.config)) rank.emplace(t.name, rank.size());
+    std::set<std::string> names;
+    for (const auto& row : r.rows) names.insert(row.name);
+    auto stored = [&](const std::string& name) { return names.contains(name); };
+    for (const HfTensor& t : hf_checkpoint_tensors(*r.config, stored)) {
+      rank.emplace(t.name, rank.size());
+    }
   }
   auto rank_of = [&](const std::string& name) {
     auto it = rank.find(name);

@@ -90,6 +90,35 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
   return out;
 }
 
+std::vector<HfTensor> hf_checkpoint_tensors(
+    const ModelConfig& c, const std::function<bool(const std::string&)>& stored) {
+  const int64_t E = c.num_experts, F = c.moe_intermediate_size, D = c.hidden_size;
+  std::vector<HfTensor> out;
+  int64_t fused_layer = -1;  // the last layer whose fused pair is in `out`
+  for (HfTensor& t : hf_tensors(c)) {
+    const std::string p = "model.layers." + std::to_string(t.layer) + ".";
+    const std::string fused = p + "mlp.experts.";
+    if (t.role == HfRole::expert &&
+        (stored(fused + "gate_up_proj") || stored(fused + "down_proj"))) {
+      if (fused_layer != t.layer) {
+        out.push_back({fused + "gate_up_proj", {E, 2 * F, D}, HfRole::expert, t.layer});
+        out.push_back({fused + "down_proj", {E, D, F}, HfRole::expert, t.layer});
+        fused_layer = t.layer;
+      }
+      continue;
+    }
+    if (t.role == HfRole::router && c.family == ModelFamily::mixtral && !stored(t.name) &&
+        stored(p + "mlp.gate.weight")) {
+      t.name = p + "mlp.gate.weight";
+    }
+    out.push_back(std::move(t));
+  }
+  if (c.tie_word_embeddings && stored("lm_head.weight")) {
+    out.push_back({"lm_head.weight", {c.vocab_size, c.hidden_size}, HfRole::lm_head});
+  }
+  return out;
+}
+
 uint64_t hf_init_seed(uint64_t seed, const std::string& name, int64_t block) {
   // Rng seeds through splitmix64, so seeds that differ in any bit give
   // unrelated streams.

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "peft_fused.h"
 #include "safetensors_common.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/safetensors.h"
@@ -131,7 +132,7 @@ class ConfigReader {
   std::string path_;
 };
 
-PeftLoraConfig parse_config(const std::string& path) {
+PeftLoraConfig parse_config(const std::string& path, detail::PeftPatterns& patterns) {
   Json j = detail::parse_json_strict(detail::read_small_file(path, kMaxConfigBytes), 16, path,
                                      "adapter config");
   TIERMOE_CHECK(j.is_object(), "the adapter config is not a JSON object", path,
@@ -163,12 +164,6 @@ PeftLoraConfig parse_config(const std::string& path) {
     f.fail("modules_to_save", "modules_to_save is " + printable(f.at("modules_to_save").dump()),
            "fully trained extra modules are not supported (vLLM rejects them too)");
   }
-  for (const char* key : {"rank_pattern", "alpha_pattern"}) {
-    if (!f.empty_or_null(key)) {
-      f.fail(key, str_of(key, " is ", printable(f.at(key).dump()), "; it is not supported"),
-             "all modules must share r and lora_alpha");
-    }
-  }
   if (f.has("use_qalora") && f.get_bool("use_qalora", false)) {
     f.fail("use_qalora", "QA-LoRA adapters are not supported", "train a plain LoRA adapter");
   }
@@ -189,7 +184,9 @@ PeftLoraConfig parse_config(const std::string& path) {
   c.base_model_name_or_path = f.get_string("base_model_name_or_path", "");
   c.task_type = f.get_string("task_type", "");
 
+  patterns = detail::parse_peft_patterns(j, path);
   if (!f.has("target_modules")) {
+    if (!patterns.target_parameters.empty()) return c;
     f.fail("target_modules", "target_modules is missing", "list the adapted module names");
   }
   const Json& targets = f.at("target_modules");
@@ -199,6 +196,8 @@ PeftLoraConfig parse_config(const std::string& path) {
            "only a list of module names is supported, e.g. [\"q_proj\", \"v_proj\"]");
   }
   if (!targets.is_array()) f.type_error("target_modules", "a list of module names");
+  // PEFT 0.21 for transformers 5 moves expert targets to target_parameters,
+  // which may leave target_modules empty.
   for (const Json& t : targets) {
     if (!t.is_string() || t.get<std::string>().empty()) {
       f.type_error("target_modules", "a list of module names");
@@ -265,12 +264,14 @@ PeftAdapter load_peft_adapter(const std::string& dir) {
   TIERMOE_CHECK(std::filesystem::is_regular_file(config_path), "adapter config not found",
                 config_path, "expected a PEFT adapter directory (adapter_config.json)");
   PeftAdapter adapter;
-  adapter.config = parse_config(config_path);
+  detail::PeftPatterns patterns;
+  adapter.config = parse_config(config_path, patterns);
   TIERMOE_CHECK(std::filesystem::is_regular_file(weights_path), "adapter weights not found",
                 weights_path,
                 "TierMoE reads adapter_model.safetensors only (not the legacy adapter_model.bin)");
 
   SafetensorsFile file = SafetensorsFile::open(weights_path);
+  std::map<std::string, detail::FusedLora> fused;  // transformers-5 expert wrappers
   for (const SafetensorsEntry& e : file.entries()) {
     const std::string& key = e.name;
     bool is_a = ends_with(key, kSuffixA), is_b = ends_with(key, kSuffixB);
@@ -281,23 +282,41 @@ PeftAdapter load_peft_adapter(const std::string& dir) {
     std::string path = key.substr(
         std::string_view(kPeftKeyPrefix).size(),
         key.size() - std::string_view(kPeftKeyPrefix).size() - std::string_view(kSuffixA).size());
-    TIERMOE_CHECK(!path.empty(), "empty module path in " + printable(key),
-                  weights_path + " key " + printable(key), "the file is malformed");
-    TIERMOE_CHECK(matches_targets(path, adapter.config.target_modules),
-                  "module " + printable(path) + " is not among target_modules",
-                  weights_path + " key " + printable(key),
-                  "adapter_config.json and the weights disagree; was the config replaced?");
+    const std::string key_where = weights_path + " key " + printable(key);
+    TIERMOE_CHECK(!path.empty(), "empty module path in " + printable(key), key_where,
+                  "the file is malformed");
     TIERMOE_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F64",
-                  "dtype " + printable(e.dtype) + " is not supported",
-                  weights_path + " key " + printable(key), "store LoRA weights as F32 or BF16");
+                  "dtype " + printable(e.dtype) + " is not supported", key_where,
+                  "store LoRA weights as F32 or BF16");
+    if (detail::is_fused_experts_path(path)) {
+      detail::FusedLora& w = fused[path];
+      (is_a ? w.A : w.B) = file.view(key).clone(MemTag::weights);
+      continue;
+    }
+    TIERMOE_CHECK(matches_targets(path, adapter.config.target_modules),
+                  "module " + printable(path) + " is not among target_modules", key_where,
+                  "adapter_config.json and the weights disagree; was the config replaced?");
+    // PEFT would give this module its own rank or alpha; TierMoE has one of each.
+    const int64_t r = detail::pattern_rank(patterns, adapter.config, path, key_where);
+    const double alpha = detail::pattern_alpha(patterns, adapter.config, path, key_where);
+    TIERMOE_CHECK(r == adapter.config.r && alpha == adapter.config.lora_alpha,
+                  str_of("rank_pattern / alpha_pattern give ", printable(path), " rank ", r,
+                         " and alpha ", alpha, ", not r ", adapter.config.r, " and lora_alpha ",
+                         adapter.config.lora_alpha),
+                  key_where,
+                  "TierMoE's LoRA has one rank and alpha for every module (the fused experts' "
+                  "gate_up_proj at rank 2r and alpha 2*lora_alpha excepted)");
     PeftLoraWeights& w = adapter.modules[path];
     (is_a ? w.A_RI : w.B_OR) = file.view(key).clone(MemTag::weights);
   }
-  TIERMOE_CHECK(!adapter.modules.empty(), "the adapter holds no LoRA weights", weights_path,
-                "the file is empty or not a PEFT adapter");
   for (const auto& [path, w] : adapter.modules) {
     check_module_shapes(path, w, adapter.config.r, weights_path);
   }
+  detail::convert_fused_experts(adapter, fused, patterns, weights_path);
+  TIERMOE_CHECK(!adapter.modules.empty(), "the adapter holds no LoRA weights", weights_path,
+                "the file is empty or not a PEFT adapter");
+  TIERMOE_CHECK(!adapter.config.target_modules.empty(), "target_modules is empty", config_path,
+                "list the adapted module names");
   return adapter;
 }
 

@@ -83,12 +83,8 @@ class LoadPlan {
     if (extra.size() > 5) list += str_of(" and ", extra.size() - 5, " more");
     throw Error(str_of("checkpoint has ", extra.size(), " tensor(s) the config does not use: ", list),
                 ck_.dir(),
-                c_.tie_word_embeddings && used_.count("lm_head.weight") == 0 &&
-                        ck_.contains("lm_head.weight")
-                    ? "config.json says tie_word_embeddings = true but the checkpoint has its "
-                      "own lm_head.weight; set tie_word_embeddings to false"
-                    : "check num_hidden_layers, num_experts, mlp_only_layers, attention_bias "
-                      "and tie_word_embeddings in config.json against the checkpoint");
+                "check num_hidden_layers, num_experts, mlp_only_layers and attention_bias in "
+                "config.json against the checkpoint");
   }
 
   // Progress counts the bytes read from the files (a fused tensor's whole
@@ -124,13 +120,52 @@ class LoadPlan {
 
 }  // namespace
 
+namespace {
+
+constexpr const char* kEmbed = "model.embed_tokens.weight";
+constexpr const char* kLmHead = "lm_head.weight";
+
+// Whether two stored tensors hold equal values once loaded in `compute`
+// (torch.equal on the loaded parameters: -0 equals 0, NaN equals nothing).
+bool same_values(const CheckpointTensors& ck, const std::string& a, const std::string& b,
+                 DType compute) {
+  if (ck.entry(a).shape != ck.entry(b).shape) return false;
+  Tensor x = ck.load(a, compute, MemTag::activations).to(DType::f64, MemTag::activations);
+  Tensor y = ck.load(b, compute, MemTag::activations).to(DType::f64, MemTag::activations);
+  const double* px = x.data<double>();
+  const double* py = y.data<double>();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    if (!(px[i] == py[i])) return false;
+  }
+  return true;
+}
+
+// A tied config whose checkpoint also stores lm_head.weight, read as
+// transformers 5 reads it (PreTrainedModel.tie_weights during from_pretrained):
+// with values equal to the embedding's the two stay tied; with other values
+// the config does not describe the checkpoint and the model is untied, each
+// weight its own. The name of the embedding the tied model reads: its own,
+// or lm_head.weight when the checkpoint stores only that (transformers ties
+// the pair the other way round then).
+std::string resolve_tied_head(ModelConfig& config, const CheckpointTensors& ck, DType compute) {
+  if (!config.tie_word_embeddings || !ck.contains(kLmHead)) return kEmbed;
+  if (!ck.contains(kEmbed)) return kLmHead;
+  if (!same_values(ck, kEmbed, kLmHead, compute)) config.tie_word_embeddings = false;
+  return kEmbed;
+}
+
+}  // namespace
+
 CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm,
                                    ProgressSink progress) {
   ModelConfig config = load_model_config(dir);
   check_model_supported(config, (std::filesystem::path(dir) / "config.json").string());
   CheckpointTensors ck = CheckpointTensors::open(dir);
+  const std::string embed_source = resolve_tied_head(config, ck, compute);
   CausalLM model(config, compute, comm);
   LoadPlan plan(ck, config);
+  // A tied model reads one of the pair; the other holds the same values.
+  if (config.tie_word_embeddings && ck.contains(kLmHead)) plan.skip(kLmHead);
   for (const std::string& name : ck.names()) {
     const int64_t e = hf_expert_index(name);
     if (e >= 0 && e < config.num_experts && !model.holds_expert(e)) plan.skip(name);
@@ -144,6 +179,10 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
       std::string v5 = p.name;
       v5.replace(v5.find("block_sparse_moe."), 17, "mlp.");
       plan.add(plan.has(p.name) || !plan.has(v5) ? p.name : v5, p.value);
+      continue;
+    }
+    if (p.role == HfRole::embedding) {
+      plan.add(embed_source, p.value);
       continue;
     }
     if (p.role != HfRole::expert) {

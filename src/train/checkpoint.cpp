@@ -77,8 +77,13 @@ SamplerPosition sampler_from_json(const json& j) {
   return p;
 }
 
+// An absolute path: PEFT and transformers read a relative one that does not
+// exist from their own working directory as a Hub repo id.
 std::string base_model_name(const TrainConfig& c) {
-  return c.model_dir.empty() ? str_of("tiermoe preset ", c.preset, " seed ", c.seed) : c.model_dir;
+  if (c.model_dir.empty()) return str_of("tiermoe preset ", c.preset, " seed ", c.seed);
+  fs::path p = fs::absolute(c.model_dir).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();
+  return p.string();
 }
 
 std::string optimizer_shard_name(int rank, int ranks) {

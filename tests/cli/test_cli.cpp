@@ -193,6 +193,65 @@ TEST_F(Cli, InspectReportsACheckpointThatDoesNotMatchItsConfig) {
   EXPECT_TRUE(contains(r.err, "error: the checkpoint does not match its config.json")) << r.err;
 }
 
+// transformers 5's save_pretrained(save_original_format=False) stores each MoE
+// layer's experts fused: gate_up_proj [E, 2F, D] (gate rows first) and
+// down_proj [E, D, F]. eval and train read it; inspect must accept it too.
+TEST_F(Cli, InspectAcceptsTheFusedExpertLayout) {
+  fs::path out = init("ckpt");
+  const ModelConfig c = load_model_config(out.string());
+  const int64_t E = c.num_experts, F = c.moe_intermediate_size, D = c.hidden_size;
+  NamedTensors fused;
+  {
+    CheckpointTensors ck = CheckpointTensors::open(out.string());
+    for (const std::string& name : ck.names()) {
+      if (!contains(name, ".experts.")) fused.emplace_back(name, ck.view(name).clone());
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      Tensor gu = Tensor::empty({E, 2 * F, D}, DType::bf16);
+      Tensor down = Tensor::empty({E, D, F}, DType::bf16);
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string ep = p + std::to_string(e) + ".";
+        gu.select(e).rows(0, F).copy_from(ck.view(ep + "gate_proj.weight"));
+        gu.select(e).rows(F, 2 * F).copy_from(ck.view(ep + "up_proj.weight"));
+        down.select(e).copy_from(ck.view(ep + "down_proj.weight"));
+      }
+      fused.emplace_back(p + "gate_up_proj", gu);
+      fused.emplace_back(p + "down_proj", down);
+    }
+  }
+  save_checkpoint_tensors(out.string(), fused);
+  RunResult r = run({"inspect", out.string(), "--json"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["consistent"], true) << j["mismatches"].dump();
+  EXPECT_EQ(j["params"]["tensors_experts"], param_counts(c).experts);
+  EXPECT_EQ(j["params"]["tensors_total"], param_counts(c).total);
+
+  // A fused tensor of the wrong shape is still named.
+  for (auto& [name, t] : fused) {
+    if (name == "model.layers.1.mlp.experts.down_proj") t = Tensor::zeros({E, D, F - 1}, DType::bf16);
+  }
+  save_checkpoint_tensors(out.string(), fused);
+  r = run({"inspect", out.string(), "--summary"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(contains(r.out, "shape       model.layers.1.mlp.experts.down_proj: expected [8, 64, 32]"))
+      << r.out;
+}
+
+// A tied config that also stores lm_head.weight loads (transformers ties or
+// unties it by its values), so inspect does not call the head unexpected.
+TEST_F(Cli, InspectAcceptsAStoredHeadBesideATiedConfig) {
+  fs::path out = init("ckpt");
+  ModelConfig c = load_model_config(out.string());
+  ASSERT_FALSE(c.tie_word_embeddings);
+  c.tie_word_embeddings = true;
+  save_model_config(c, (out / "config.json").string());
+  RunResult r = run({"inspect", out.string(), "--json", "--summary"});
+  ASSERT_EQ(r.rc, 0) << r.out << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["consistent"], true);
+}
+
 TEST_F(Cli, InspectOfAMalformedFileFailsWithTheReadersError) {
   std::ofstream(path("bad.safetensors"), std::ios::binary) << "not a safetensors file";
   RunResult r = run({"inspect", path("bad.safetensors").string()});

@@ -34,6 +34,21 @@ std::map<std::string, std::string> snapshot(const fs::path& dir) {
 
 using CliTrain = Cli;
 
+// PEFT reads a relative base_model_name_or_path that does not exist from its
+// own working directory as a Hub repo id, so the adapter stores --model made
+// absolute (and normalised: no "./", no trailing slash).
+TEST_F(CliTrain, AdapterNamesTheBaseModelByAnAbsolutePath) {
+  const fs::path model = init("m", {"--layers", "1"});
+  const std::string rel = (fs::relative(model, fs::current_path()) / "." / "").string();
+  ASSERT_FALSE(fs::path(rel).is_absolute());
+  RunResult r = run({"train", "--model", rel, "--steps", "1", "--batch", "2", "--seq-len", "16",
+                     "--threads", "1", "--corpus-tokens", "4096", "--lora-rank", "2", "--out",
+                     path("o").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const json config = json::parse(slurp(path("o") / "adapter" / "adapter_config.json"));
+  EXPECT_EQ(config.at("base_model_name_or_path"), fs::absolute(model).lexically_normal().string());
+}
+
 // The demo's recipe cut to 60 steps of 8 x 64 tokens (seed 0): the loss must
 // fall far below the unigram entropy (5.42, the best loss without context)
 // toward the Markov floor (1.69). Measured: 3.21 (the full 300-step demo

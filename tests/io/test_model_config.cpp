@@ -144,6 +144,43 @@ TEST(ModelConfig, MoeLayersFollowSparseStepAndMlpOnlyLayers) {
   EXPECT_EQ(c.num_moe_layers(), 2);
 }
 
+// The count is not a loop over the layers: a config.json may claim any
+// num_hidden_layers, and validate() counts the MoE layers while parsing.
+TEST(ModelConfig, MoeLayerCountIsIsMoeLayerCountedWithoutALoop) {
+  for (int64_t L = 1; L <= 12; ++L) {
+    for (int64_t step = 1; step <= 3; ++step) {
+      ModelConfig c = preset("tiny");
+      c.num_hidden_layers = L;
+      c.decoder_sparse_step = step;
+      c.mlp_only_layers = {1, 4, 4, 20, 0};  // a repeat and one past the end
+      int64_t n = 0;
+      for (int64_t l = 0; l < L; ++l) n += c.is_moe_layer(l);
+      EXPECT_EQ(c.num_moe_layers(), n) << "L " << L << " step " << step;
+    }
+  }
+  ModelConfig huge = parse_model_config(R"({"model_type": "qwen3_moe",
+      "num_hidden_layers": 4611686018427387904, "decoder_sparse_step": 2,
+      "mlp_only_layers": [1, 3, 3, 6]})",
+                                        "huge");
+  EXPECT_EQ(huge.num_moe_layers(), 4611686018427387904 / 2 - 2);
+}
+
+// A hostile config.json's sizes multiply past int64: an Error, not a wrapped count.
+TEST(ModelConfig, ParamCountsThatOverflowAreAnError) {
+  ModelConfig c = preset("tiny");
+  c.vocab_size = int64_t(1) << 40;
+  c.hidden_size = int64_t(1) << 30;
+  try {
+    param_counts(c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("overflows 64 bits"), std::string::npos) << e.what();
+  }
+  c.vocab_size = 256;
+  c.hidden_size = 64;
+  EXPECT_EQ(param_counts(c).total, param_counts(preset("tiny")).total);
+}
+
 TEST(ModelConfig, Mixtral) {
   ModelConfig c = parse_model_config(kMixtral, "c");
   EXPECT_EQ(c.family, ModelFamily::mixtral);

@@ -222,16 +222,25 @@ TEST(PeftMalformed, ConfigErrorsNameFileAndKey) {
       {"bias", [](Json& j) { j["bias"] = "all"; }, {"bias is all", "key bias"}},
       {"lora_bias", [](Json& j) { j["lora_bias"] = true; }, {"key lora_bias"}},
       {"fan_in_fan_out", [](Json& j) { j["fan_in_fan_out"] = true; }, {"key fan_in_fan_out"}},
+      // PEFT gives a module its own rank or alpha; TierMoE has one of each.
       {"rank_pattern",
        [](Json& j) {
          j["rank_pattern"] = {{"q_proj", 2}};
        },
-       {"not supported", "key rank_pattern"}},
+       {"give model.layers.0.self_attn.q_proj rank 2", "one rank", kPeftWeightsFile}},
       {"alpha_pattern",
        [](Json& j) {
-         j["alpha_pattern"] = {{"q_proj", 2}};
+         j["alpha_pattern"] = {{".*\\.q_proj", 2}};
        },
-       {"key alpha_pattern"}},
+       {"q_proj rank 4 and alpha 2", kPeftWeightsFile}},
+      {"rank_pattern not a regex",
+       [](Json& j) {
+         j["rank_pattern"] = {{"(((", 2}};
+       },
+       {"not a regular expression", "key rank_pattern"}},
+      {"target_parameters names the router",
+       [](Json& j) { j["target_parameters"] = {"mlp.gate.weight"}; },
+       {"mlp.gate.weight", "never the router", "key target_parameters"}},
       {"regex targets",
        [](Json& j) { j["target_modules"] = ".*q_proj"; },
        {"regular expression", "key target_modules"}},

@@ -205,16 +205,84 @@ TEST(ModelLoad, ExtraTensorIsAnErrorNamingIt) {
   testing::SingleThread one_thread;  // tiny shapes
   ModelConfig c = testing::tiny_model_config(Family::qwen3, true, true);
   NamedTensors tensors = init_tensors(c, DType::f32, 1);
-  tensors.emplace_back("lm_head.weight", Tensor::zeros({40, 16}, DType::f32));
+  const std::string beyond = "model.layers." + std::to_string(c.num_hidden_layers) +
+                             ".input_layernorm.weight";
+  tensors.emplace_back(beyond, Tensor::zeros({16}, DType::f32));
   fs::path dir = temp_dir("extra");
   write_checkpoint(dir, c, tensors);
-  expect_load_error(dir, {"lm_head.weight", "tie_word_embeddings"});
+  expect_load_error(dir, {beyond, "num_hidden_layers"});
   // A saved rotary buffer is skipped.
   tensors.pop_back();
   tensors.emplace_back("model.layers.0.self_attn.rotary_emb.inv_freq", Tensor::zeros({4}, DType::f32));
   write_checkpoint(dir, c, tensors);
   EXPECT_NO_THROW(CausalLM::from_checkpoint(dir.string(), DType::f32));
   fs::remove_all(dir);
+}
+
+const Tensor& named(const NamedTensors& tensors, const std::string& name) {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return t;
+  }
+  throw Error("test: no " + name);
+}
+
+// A tied config whose file also stores lm_head.weight, as transformers 5's
+// tie_weights reads it: equal values stay tied, other values untie the
+// model, lm_head.weight alone feeds the embedding.
+TEST(ModelLoad, TiedConfigWithAStoredHeadLoadsAsTransformersDoes) {
+  testing::SingleThread one_thread;  // tiny shapes
+  ModelConfig tied = testing::tiny_model_config(Family::qwen3, true, true);
+  ModelConfig untied = tied;
+  untied.tie_word_embeddings = false;
+  NamedTensors base = random_tensors(untied, DType::f32, 9);  // with its own lm_head
+  const Tensor& embed = named(base, "model.embed_tokens.weight");
+  const Tensor& head = named(base, "lm_head.weight");
+  testing::Batch batch = testing::make_batch(tied.vocab_size, 6);
+
+  // Equal values (torch .bin checkpoints store both): one tied weight.
+  NamedTensors equal = base;
+  for (auto& [n, t] : equal) {
+    if (n == "lm_head.weight") t = embed.clone();
+  }
+  fs::path dir = temp_dir("tied_equal");
+  write_checkpoint(dir, tied, equal);
+  CausalLM m = CausalLM::from_checkpoint(dir.string(), DType::f64);
+  EXPECT_TRUE(m.config().tie_word_embeddings);
+  std::erase_if(equal, [](const auto& t) { return t.first == "lm_head.weight"; });
+  fs::path ref_dir = temp_dir("tied_ref");
+  write_checkpoint(ref_dir, tied, equal);
+  CausalLM ref = CausalLM::from_checkpoint(ref_dir.string(), DType::f64);
+  EXPECT_EQ(m.params().size(), ref.params().size());
+  EXPECT_EQ(loss_of(m, batch), loss_of(ref, batch));
+
+  // Other values: untied, each its own, as an untied config of the same file.
+  write_checkpoint(dir, tied, base);
+  CausalLM u = CausalLM::from_checkpoint(dir.string(), DType::f64);
+  EXPECT_FALSE(u.config().tie_word_embeddings);
+  write_checkpoint(ref_dir, untied, base);
+  CausalLM uref = CausalLM::from_checkpoint(ref_dir.string(), DType::f64);
+  std::vector<ModelParam> pu = u.params(), pr = uref.params();
+  ASSERT_EQ(pu.size(), pr.size());
+  for (size_t i = 0; i < pu.size(); ++i) {
+    EXPECT_EQ(pu[i].name, pr[i].name);
+    EXPECT_TRUE(testing::bitwise_equal(pu[i].value, pr[i].value, pu[i].name));
+  }
+  EXPECT_EQ(loss_of(u, batch), loss_of(uref, batch));
+  EXPECT_NE(loss_of(u, batch), loss_of(ref, batch));  // the head matters
+  // Saved back, the config says what the model is.
+  fs::path saved = temp_dir("tied_saved");
+  u.save_checkpoint(saved.string());
+  EXPECT_FALSE(load_model_config(saved.string()).tie_word_embeddings);
+
+  // lm_head.weight alone: the tied embedding takes its values.
+  NamedTensors head_only = base;
+  std::erase_if(head_only, [](const auto& t) { return t.first == "model.embed_tokens.weight"; });
+  write_checkpoint(dir, tied, head_only);
+  CausalLM h = CausalLM::from_checkpoint(dir.string(), DType::f64);
+  EXPECT_TRUE(h.config().tie_word_embeddings);
+  EXPECT_TRUE(testing::bitwise_equal(h.params().front().value, head.to(DType::f64),
+                                     "model.embed_tokens.weight"));
+  for (const fs::path& d : {dir, ref_dir, saved}) fs::remove_all(d);
 }
 
 // bf16 and f32 runs of the same weights against the f64 run. Tolerances:

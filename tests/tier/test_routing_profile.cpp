@@ -28,6 +28,18 @@ std::string load_error(const std::string& text) {
   return "no error";
 }
 
+// "layers" and "experts" are checked against the rows before anything is
+// allocated, so a claimed 10^12 layers is an Error, not a 24 TB vector.
+TEST(RoutingProfile, HugeLayerOrExpertCountsAreErrorsNotAllocations) {
+  for (const char* dims : {R"("layers": 1000000000000, "experts": 2)",
+                           R"("layers": 1, "experts": 4611686018427387904)"}) {
+    const std::string text = std::string(R"({"format": "tiermoe-routing-profile", "version": 1,
+        "decay": 0.9, "steps": 1, )") + dims + R"(, "rows": [[1, 2]]})";
+    const std::string err = load_error(text);
+    EXPECT_NE(err.find("must"), std::string::npos) << dims << ": " << err;
+  }
+}
+
 TEST(RoutingProfile, FirstStepIsTheCountsAndMicroBatchesAddUp) {
   RoutingProfile p(2, 3, 0.9);
   p.observe(0, {1, 2, 3});

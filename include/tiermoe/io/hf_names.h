@@ -4,6 +4,7 @@
 // writes. `tiermoe init` writes exactly this list and the loader checks a
 // checkpoint against it.
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,18 @@ struct HfTensor {
 // Every tensor of the checkpoint, in module order (embedding, layer 0 ..
 // layer L-1, final norm, lm_head).
 std::vector<HfTensor> hf_tensors(const ModelConfig& config);
+
+// The tensors a checkpoint of `config` may hold given the names it stores
+// (`stored`), in module order: hf_tensors, except that per MoE layer the
+// fused expert layout transformers 5 writes (save_original_format=False) is
+// expected when either of its tensors is stored, mlp.experts.gate_up_proj
+// [E, 2F, D] (gate rows first) and mlp.experts.down_proj [E, D, F] (role
+// expert, expert -1); Mixtral's router under v5's name mlp.gate.weight when
+// only that is stored; and lm_head.weight in a tied model that stores one
+// (transformers ties it when equal to the embedding, else unties the model).
+// These are the rules CausalLM::from_checkpoint loads by.
+std::vector<HfTensor> hf_checkpoint_tensors(const ModelConfig& config,
+                                            const std::function<bool(const std::string&)>& stored);
 
 // A freshly initialised tensor as transformers' _init_weights makes it:
 // Linear weights and the embedding ~ normal(0, initializer_range), biases 0,

@@ -6,10 +6,15 @@
 // Tensors are keyed `base_model.model.<module path>.lora_A.weight` [r, in] and
 // `.lora_B.weight` [out, r] (nn.Linear layout). MoE experts use the per-expert
 // "2D" layout: `<layer>.mlp.experts.<e>.gate_proj` etc. are ordinary modules.
+// That is what TierMoE writes; it also reads what PEFT 0.21 writes for
+// transformers-5 models, whose experts are fused 3-D parameters adapted
+// through target_parameters (src/io/peft_fused.h has the layout and the exact
+// conditions), converting it into the per-expert modules.
 //
 // This header knows nothing of the model: a module path is a string and the
 // weights are plain tensors. Only what TierMoE can train is representable:
-// LoRA without DoRA, biases, modules_to_save, rank or alpha patterns.
+// LoRA without DoRA, biases or modules_to_save, one rank and alpha for every
+// module (rank_pattern / alpha_pattern only for the fused gate_up_proj).
 #include <cstdint>
 #include <map>
 #include <string>
@@ -61,13 +66,17 @@ void save_peft_adapter(const std::string& dir, const PeftLoraConfig& config,
                        const PeftLoraModules& modules, DType storage = DType::f32);
 
 // Reads and validates an adapter directory. Tensors come back in their
-// stored dtype (owning copies, tag weights). Rejected, each with an Error
-// naming the file and key: a peft_type other than LORA, use_dora, a bias
-// other than "none", lora_bias, fan_in_fan_out, modules_to_save, non-empty
-// rank_pattern or alpha_pattern, a regex (string) target_modules, keys that
-// are not `base_model.model.*.lora_{A,B}.weight`, a module with only one of
-// A and B, shapes that are not [r, in] / [out, r], and a module whose name is
-// not in target_modules.
+// stored dtype (owning copies, tag weights); fused expert adapters come back
+// as per-expert modules, their names added to target_modules. Rejected, each
+// with an Error naming the file and key: a peft_type other than LORA,
+// use_dora, a bias other than "none", lora_bias, fan_in_fan_out,
+// modules_to_save, a rank_pattern or alpha_pattern giving a module another
+// rank or alpha, target_parameters other than the experts' gate_up_proj and
+// down_proj, a fused adapter TierMoE cannot represent exactly, a regex
+// (string) target_modules, keys that are not
+// `base_model.model.*.lora_{A,B}.weight`, a module with only one of A and B,
+// shapes that are not [r, in] / [out, r], and a module whose name is not in
+// target_modules.
 PeftAdapter load_peft_adapter(const std::string& dir);
 
 }  // namespace tiermoe

@@ -16,11 +16,18 @@
 //   - a tensor the config implies that the checkpoint lacks;
 //   - a tensor whose shape disagrees with the config (both shapes given; the
 //     embedding and lm_head name vocab_size / hidden_size in the hint);
-//   - a tensor the config does not imply (e.g. lm_head.weight in a tied model,
-//     or a layer beyond num_hidden_layers): an error, not a warning, since
-//     silently ignoring weights would run a different model than the one on
-//     disk. The one exception is rotary_emb.inv_freq, a buffer old
-//     transformers versions saved, which is recomputed and skipped.
+//   - a tensor the config does not imply (e.g. a layer beyond
+//     num_hidden_layers): an error, not a warning, since silently ignoring
+//     weights would run a different model than the one on disk. The one
+//     exception is rotary_emb.inv_freq, a buffer old transformers versions
+//     saved, which is recomputed and skipped.
+//
+// A tied config (tie_word_embeddings true) whose checkpoint also stores
+// lm_head.weight loads as transformers 5 loads it: values equal to the
+// embedding's stay tied (one weight); other values untie the model (each
+// weight its own; the model's config then says false, and so do the
+// checkpoints it saves); lm_head.weight alone gives the tied embedding its
+// values.
 //
 // With expert parallelism (a model built over a Comm of P ranks) a rank
 // loads the tensors of its own experts and skips the others' (fused layouts:
