@@ -67,6 +67,7 @@ struct TrainFlags {
   std::string lora_init;
 
   std::string device_memory;  // a byte count with an optional unit
+  std::string max_memory;     // the same; empty: MemAvailable
   bool no_replan = false;
 
   RunControl control;
@@ -229,6 +230,7 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   }
   TrainConfig config = config_from_flags(f, cmd);
   RunControl control = f.control;
+  if (!f.max_memory.empty()) control.max_memory = parse_bytes(f.max_memory, "--max-memory");
   if (!f.resume.empty()) {
     control.resume = resolve_checkpoint(f.resume);
     // A resumed run keeps writing where it was writing.
@@ -352,6 +354,9 @@ void add_train_command(CLI::App& app) {
                   "Device tier for hot experts: cpu (the CPU backend), cuda or cuda:N (a GPU; "
                   "builds with the CUDA toolkit), or none")
       ->capture_default_str();
+  cmd->add_option("--max-memory", f->max_memory,
+                  "Refuse a run whose memory plan (logged before loading) exceeds this many "
+                  "bytes, e.g. 20GiB (default: the host's MemAvailable)");
   cmd->add_option("--device-memory", f->device_memory,
                   "The device tier's memory budget, e.g. 2GiB (required with --device)");
   cmd->add_option("--placement", d.placement,
