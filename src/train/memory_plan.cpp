@@ -160,6 +160,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c, std::option
     }
   }
   at(p, MemTag::grads) = size_t(trainable) * master;
+  // A router holds its gradient buffer even while frozen (moe/router.h).
+  if (lora && c.num_experts > 0) {
+    at(p, MemTag::grads) += size_t(c.num_moe_layers() * c.num_experts * c.hidden_size) * master;
+  }
   const int64_t passes = cfg.trainer.grad_accum / std::max(ranks, 1);
   // Folding several micro-batches keeps a sum beside the replicated gradients.
   if (passes > 1) at(p, MemTag::grads) += size_t(replicated_trainable) * master;
