@@ -107,7 +107,8 @@ void run_eval(const EvalOptions& o) {
       open_data_file(o.data, config, o.seq_len, /*pack=*/!o.no_packing);
   const TokenBatch batch = rows->eval_batch(o.batch, o.seq_len);
 
-  CausalLM model = CausalLM::from_checkpoint(o.model, dtype, nullptr, stderr_progress());
+  CausalLM model =
+      CausalLM::from_checkpoint(o.model, dtype, nullptr, WeightBinding::copy, stderr_progress());
   model.set_lm_head_chunk(o.lm_head_chunk);
   std::cerr << "eval: " << o.model << " (" << config.model_type << ", " << config.num_hidden_layers
             << " layers) in " << dtype_name(dtype) << " on " << o.batch << " x " << o.seq_len

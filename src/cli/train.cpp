@@ -70,6 +70,7 @@ struct TrainFlags {
   std::string lora_init;
 
   std::string device_memory;  // a byte count with an optional unit
+  std::string max_memory;     // the same; empty: MemAvailable
   bool no_replan = false;
 
   RunControl control;
@@ -254,6 +255,7 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   }
   TrainConfig config = config_from_flags(f, cmd);
   RunControl control = f.control;
+  if (!f.max_memory.empty()) control.max_memory = parse_bytes(f.max_memory, "--max-memory");
   if (!f.resume.empty()) {
     control.resume = resolve_checkpoint(f.resume);
     // A resumed run keeps writing where it was writing.
@@ -436,6 +438,9 @@ void add_train_command(CLI::App& app) {
   tier_flags.push_back(
       cmd->add_flag("--no-replan", f->no_replan, "Keep the first placement for the whole run"));
   for (CLI::Option* o : tier_flags) o->needs(device);
+  cmd->add_option("--max-memory", f->max_memory,
+                  "Refuse a run whose memory plan (logged before loading) exceeds this many "
+                  "bytes, e.g. 20GiB (default: the host's MemAvailable)");
 
   cmd->add_option("--out", f->control.out_dir,
                   "Directory for checkpoint-<step>/ and the final export (final/ or adapter/)");

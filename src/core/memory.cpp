@@ -10,6 +10,7 @@ std::string_view mem_tag_name(MemTag tag) {
     case MemTag::activations: return "activations";
     case MemTag::saved: return "saved";
     case MemTag::device: return "device";
+    case MemTag::mapped: return "mapped";
   }
   __builtin_unreachable();
 }

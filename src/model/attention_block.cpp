@@ -29,17 +29,18 @@ RopeTables RopeTables::make(int64_t B, int64_t T, int64_t P, double theta, DType
   return r;
 }
 
-AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute)
+AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute, MatrixAlloc alloc)
     : qk_norm_(c.qk_norm()),
+      compute_(compute),
       H_(c.num_attention_heads),
       Hkv_(c.num_key_value_heads),
       P_(c.head_dim),
       eps_(c.rms_norm_eps) {
   const int64_t D = c.hidden_size;
-  q_proj_ = Linear::zeros(H_ * P_, D, c.attention_bias, compute);
-  k_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute);
-  v_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute);
-  o_proj_ = Linear::zeros(D, H_ * P_, c.attention_bias, compute);
+  q_proj_ = Linear::zeros(H_ * P_, D, c.attention_bias, compute, alloc);
+  k_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute, alloc);
+  v_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute, alloc);
+  o_proj_ = Linear::zeros(D, H_ * P_, c.attention_bias, compute, alloc);
   if (qk_norm_ == QkNorm::per_head) {
     q_norm_ = Weight::zeros({P_}, compute);
     k_norm_ = Weight::zeros({P_}, compute);
@@ -76,7 +77,7 @@ void AttentionBlock::enable_lora(const LoraConfig& config, const std::string& pr
     const std::string path = prefix + names[i];
     if (!lora_targets_module(config, path)) continue;
     lora_[i] = std::make_unique<LoraAdapter>(projs[i]->in_features(), projs[i]->out_features(),
-                                             config, projs[i]->weight.value.dtype(), path);
+                                             config, compute_, path);
     lora_[i]->init(rng);
   }
 }

@@ -10,6 +10,7 @@
 #include "tiermoe/kernels/matmul_mixed.h"
 #include "tiermoe/kernels/rmsnorm.h"
 #include "tiermoe/moe/alltoall.h"
+#include "tiermoe/moe/expert_math.h"
 
 namespace tiermoe {
 
@@ -40,17 +41,17 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
 
 }  // namespace
 
-CausalLM::CausalLM(ModelConfig config, DType compute, Comm* comm)
+CausalLM::CausalLM(ModelConfig config, DType compute, Comm* comm, MatrixAlloc alloc)
     : config_(std::move(config)), dtype_(compute), comm_(comm) {
   check_model_supported(config_, "model config");
   dispatcher_ = make_dispatcher(config_, comm_);
   const int64_t V = config_.vocab_size, D = config_.hidden_size;
-  embed_ = Weight::zeros({V, D}, compute);
+  embed_ = Weight::matrix({V, D}, compute, alloc);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    layers_.push_back(std::make_unique<DecoderLayer>(config_, l, compute, *dispatcher_));
+    layers_.push_back(std::make_unique<DecoderLayer>(config_, l, compute, *dispatcher_, alloc));
   }
   norm_ = Weight::zeros({D}, compute);
-  if (!config_.tie_word_embeddings) lm_head_ = Weight::zeros({V, D}, compute);
+  if (!config_.tie_word_embeddings) lm_head_ = Weight::matrix({V, D}, compute, alloc);
 }
 
 CausalLM::~CausalLM() = default;
@@ -103,7 +104,6 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
                    [&moe](bool on) { moe.set_router_requires_grad(on); }});
     GroupedExperts& ex = moe.experts();
     const bool experts_on = moe.experts_requires_grad();
-    Tensor w13 = ex.param("w13"), w2 = ex.param("w2");
     Tensor g13, g2;
     if (with_grads && experts_on) {
       g13 = ex.grad("w13");  // allocates on first use
@@ -117,7 +117,8 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     for (int64_t e = 0; e < local_experts(); ++e) {
       const int64_t global = first_expert() + e;
       const std::string ep = block + "experts." + std::to_string(global) + ".";
-      Tensor w13_e = w13.select(e), w2_e = w2.select(e);
+      const ExpertWeights w = ex.weights(e);
+      Tensor w13_e = w.w13_FD, w2_e = w.w2_DF;
       Tensor g13_e = g13.defined() ? g13.select(e) : Tensor();
       Tensor g2_e = g2.defined() ? g2.select(e) : Tensor();
       out.push_back({{ep + names[0] + ".weight", HfRole::expert, slice(w13_e, 0, F),
@@ -162,7 +163,15 @@ void CausalLM::zero_grad() {
   lm_head_.zero_grad();
 }
 
+void CausalLM::check_trainable(std::string_view name) const {
+  TIERMOE_CHECK(!bound_, "'" + std::string(name) + "' cannot be trained",
+                "a model loaded with WeightBinding::mapped",
+                "its weights are the checkpoint's bytes at their stored width (frozen, for "
+                "LoRA); load with WeightBinding::copy to train base weights");
+}
+
 void CausalLM::set_requires_grad(std::string_view name, bool on) {
+  if (on) check_trainable(name);
   for (Slot& s : slots(/*with_grads=*/false)) {
     if (s.param.name == name) {
       s.set_requires_grad(on);
@@ -174,6 +183,7 @@ void CausalLM::set_requires_grad(std::string_view name, bool on) {
 }
 
 void CausalLM::set_requires_grad_all(bool on) {
+  if (on) check_trainable("every parameter");
   for (Slot& s : slots(/*with_grads=*/false)) s.set_requires_grad(on);
 }
 
@@ -214,7 +224,15 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   saved_.resize(layers_.size());
 
   Tensor x_TD = Tensor::empty({N, D}, dtype_);
-  cpu::embedding_forward(x_TD, embed_.value, ids_BT);
+  if (embed_.value.dtype() == dtype_) {
+    cpu::embedding_forward(x_TD, embed_.value, ids_BT);
+  } else {
+    // A table stored narrower (frozen bf16 in an f32 run): gather at its
+    // width, then widen the rows (exact), never the table.
+    Tensor rows_TD = Tensor::empty({N, D}, embed_.value.dtype());
+    cpu::embedding_forward(rows_TD, embed_.value, ids_BT);
+    x_TD.copy_from(rows_TD);
+  }
   check_finite_activation(x_TD, "model.embed_tokens output");
   for (size_t l = 0; l < layers_.size(); ++l) {
     x_TD = layers_[l]->forward(x_TD, rope_, saved_[l], grad);

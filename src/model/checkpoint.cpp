@@ -5,6 +5,7 @@
 
 #include "param_slot.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/kernels/matmul_mixed.h"
 
 namespace tiermoe {
 
@@ -26,6 +27,12 @@ int64_t hf_expert_index(std::string_view name) {
 namespace {
 
 using detail::str_of;
+
+// The weight matrices WeightBinding::mapped keeps at their stored width.
+bool is_matrix_role(HfRole r) {
+  return r == HfRole::embedding || r == HfRole::lm_head || r == HfRole::attention ||
+         r == HfRole::dense_mlp || r == HfRole::expert;
+}
 
 // One on-disk tensor and where its values go: all of it, or (a fused
 // expert tensor under expert parallelism) its rows [row0, row0 + dest rows).
@@ -87,6 +94,14 @@ class LoadPlan {
                 "config.json against the checkpoint");
   }
 
+  // Checks `name` against `want` and marks it used; a mapped load binds it
+  // afterwards (bind below).
+  void check_only(const std::string& name, const Shape& want) {
+    check(name, want);
+    used_.insert(name);
+  }
+
+
   // Progress counts the bytes read from the files (a fused tensor's whole
   // size for each slice of it a rank takes).
   void load(DType compute, ProgressSink progress) const {
@@ -117,6 +132,58 @@ class LoadPlan {
   std::vector<LoadItem> items_;
   std::set<std::string> used_;
 };
+
+// Keeps a mapping alive for the tensors bound to it and counts their bytes
+// under MemTag::mapped while any of them lives.
+struct MappedBytes {
+  MappedBytes(Tensor keep, size_t bytes) : keep_(std::move(keep)), bytes_(bytes) {
+    MemoryTracker::process().on_alloc(MemTag::mapped, bytes_);
+  }
+  ~MappedBytes() { MemoryTracker::process().on_free(MemTag::mapped, bytes_); }
+  MappedBytes(const MappedBytes&) = delete;
+  MappedBytes& operator=(const MappedBytes&) = delete;
+
+ private:
+  Tensor keep_;
+  size_t bytes_;
+};
+
+// The weight a bound model reads for on-disk tensors `names` stacked along
+// dimension 0 into `shape` (rows [row0, row0 + shape[0]) of a single tensor
+// when row0 >= 0): one view of the mapped shard when the parts lie back to
+// back at a width no wider than `compute`, else a copy (see checkpoint.h).
+Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>& names,
+                    const Shape& shape, DType compute, int64_t row0 = -1) {
+  std::vector<Tensor> parts;
+  for (const std::string& n : names) parts.push_back(ck.view(n));
+  if (row0 >= 0) {
+    const int64_t rows = shape[0];
+    parts[0] = parts[0].rows(row0, row0 + rows);
+  }
+  const DType stored = parts[0].dtype();
+  bool same_width = true, contiguous = true;
+  const char* next = static_cast<const char*>(parts[0].raw());
+  for (const Tensor& p : parts) {
+    same_width = same_width && p.dtype() == stored;
+    contiguous = contiguous && static_cast<const char*>(p.raw()) == next;
+    next = static_cast<const char*>(p.raw()) + p.nbytes();
+  }
+  const bool keep_width = same_width && is_narrower_or_same(stored, compute);
+  if (keep_width && contiguous) {
+    const size_t bytes = size_t(shape_numel(shape)) * dtype_size(stored);
+    auto owner = std::make_shared<MappedBytes>(parts[0], bytes);
+    return Tensor::from_external(const_cast<void*>(parts[0].raw()), shape, stored,
+                                 std::move(owner));
+  }
+  Tensor out = Tensor::empty(shape, keep_width ? stored : compute, MemTag::weights);
+  int64_t r = 0;
+  for (const Tensor& p : parts) {
+    const int64_t rows = p.numel() / (shape_numel(shape) / shape[0]);
+    out.rows(r, r + rows).copy_from(p);
+    r += rows;
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -156,13 +223,57 @@ std::string resolve_tied_head(ModelConfig& config, const CheckpointTensors& ck, 
 
 }  // namespace
 
+void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
+                                        const std::string& embed_source) {
+  const DType c = dtype_;
+  const int64_t V = config_.vocab_size, D = config_.hidden_size;
+  embed_.value = bound_matrix(ck, {embed_source}, {V, D}, c);
+  for (auto& layer : layers_) {
+    const std::string& p = layer->prefix();
+    for (auto& [suffix, w] : layer->attention().weights()) {
+      if (suffix.ends_with("_proj.weight")) {
+        w->value = bound_matrix(ck, {p + "self_attn." + suffix}, w->value.shape(), c);
+      }
+    }
+    if (DenseMlp* mlp = layer->dense_mlp()) {
+      mlp->w13().value = bound_matrix(ck, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
+                                      mlp->w13().value.shape(), c);
+      mlp->down().value =
+          bound_matrix(ck, {p + "mlp.down_proj.weight"}, mlp->down().value.shape(), c);
+      continue;
+    }
+    GroupedExperts& ex = layer->moe()->experts();
+    const int64_t El = local_experts(), F = config_.moe_intermediate_size;
+    const bool mixtral = config_.family == ModelFamily::mixtral;
+    const std::string fused = p + "mlp.experts.";
+    if (ck.contains(fused + "gate_up_proj")) {
+      ex.bind_weights(bound_matrix(ck, {fused + "gate_up_proj"}, {El, 2 * F, D}, c, first_expert()),
+                      bound_matrix(ck, {fused + "down_proj"}, {El, D, F}, c, first_expert()));
+      continue;
+    }
+    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.") + "experts.";
+    for (int64_t e = 0; e < El; ++e) {
+      const std::string ep = block + std::to_string(first_expert() + e) + ".";
+      ex.bind_expert_weights(
+          e,
+          bound_matrix(ck, {ep + (mixtral ? "w1" : "gate_proj") + ".weight",
+                            ep + (mixtral ? "w3" : "up_proj") + ".weight"},
+                       {2 * F, D}, c),
+          bound_matrix(ck, {ep + (mixtral ? "w2" : "down_proj") + ".weight"}, {D, F}, c));
+    }
+  }
+  if (lm_head_.value.defined()) lm_head_.value = bound_matrix(ck, {"lm_head.weight"}, {V, D}, c);
+  bound_ = true;
+}
+
 CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm,
-                                   ProgressSink progress) {
+                                   WeightBinding binding, ProgressSink progress) {
   ModelConfig config = load_model_config(dir);
   check_model_supported(config, (std::filesystem::path(dir) / "config.json").string());
   CheckpointTensors ck = CheckpointTensors::open(dir);
   const std::string embed_source = resolve_tied_head(config, ck, compute);
-  CausalLM model(config, compute, comm);
+  const bool mapped = binding == WeightBinding::mapped;
+  CausalLM model(config, compute, comm, mapped ? MatrixAlloc::unbound : MatrixAlloc::zeroed);
   LoadPlan plan(ck, config);
   // A tied model reads one of the pair; the other holds the same values.
   if (config.tie_word_embeddings && ck.contains(kLmHead)) plan.skip(kLmHead);
@@ -174,6 +285,22 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
   std::set<int64_t> fused_layers;
   for (Slot& s : model.slots(/*with_grads=*/false)) {
     const ModelParam& p = s.param;
+    if (mapped && is_matrix_role(p.role)) {
+      // Checked here, bound below (bind_checkpoint_matrices) from the same names.
+      const int64_t l = p.role == HfRole::expert ? std::stoll(p.name.substr(13)) : -1;
+      const std::string fused = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      if (l >= 0 && (plan.has(fused + "gate_up_proj") || plan.has(fused + "down_proj"))) {
+        if (fused_layers.insert(l).second) {
+          const int64_t E = config.num_experts, F = config.moe_intermediate_size,
+                        D = config.hidden_size;
+          plan.check_only(fused + "gate_up_proj", {E, 2 * F, D});
+          plan.check_only(fused + "down_proj", {E, D, F});
+        }
+        continue;
+      }
+      plan.check_only(p.role == HfRole::embedding ? embed_source : p.name, p.value.shape());
+      continue;
+    }
     if (p.role == HfRole::router && config.family == ModelFamily::mixtral) {
       // transformers v5 renames block_sparse_moe.gate to mlp.gate
       std::string v5 = p.name;
@@ -205,6 +332,11 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
   }
   plan.check_no_extra();
   plan.load(compute, progress);
+  if (mapped) {
+    // Stored-width weights are frozen (nothing may train them; check_trainable).
+    model.set_requires_grad_all(false);
+    model.bind_checkpoint_matrices(ck, embed_source);
+  }
   return model;
 }
 

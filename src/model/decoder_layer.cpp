@@ -15,18 +15,18 @@ std::string moe_block_name(const ModelConfig& c, const std::string& prefix) {
 }  // namespace
 
 DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
-                           const Dispatcher& dispatcher)
+                           const Dispatcher& dispatcher, MatrixAlloc alloc)
     : layer_(layer),
       prefix_("model.layers." + std::to_string(layer) + "."),
       mlp_name_(c.is_moe_layer(layer) ? moe_block_name(c, prefix_) : prefix_ + "mlp"),
       eps_(c.rms_norm_eps),
       norm_in_(Weight::zeros({c.hidden_size}, compute)),
       norm_post_(Weight::zeros({c.hidden_size}, compute)),
-      attn_(c, compute) {
+      attn_(c, compute, alloc) {
   if (c.is_moe_layer(layer)) {
-    moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_);
+    moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_, alloc);
   } else {
-    mlp_ = std::make_unique<DenseMlp>(c.hidden_size, c.intermediate_size, compute);
+    mlp_ = std::make_unique<DenseMlp>(c.hidden_size, c.intermediate_size, compute, alloc);
   }
 }
 

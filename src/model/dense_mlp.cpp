@@ -4,14 +4,15 @@
 
 namespace tiermoe {
 
-DenseMlp::DenseMlp(int64_t hidden, int64_t intermediate, DType compute)
+DenseMlp::DenseMlp(int64_t hidden, int64_t intermediate, DType compute, MatrixAlloc alloc)
     : I_(intermediate),
-      w13_(Linear::zeros(2 * intermediate, hidden, false, compute)),
-      down_(Linear::zeros(hidden, intermediate, false, compute)) {}
+      compute_(compute),
+      w13_(Linear::zeros(2 * intermediate, hidden, false, compute, alloc)),
+      down_(Linear::zeros(hidden, intermediate, false, compute, alloc)) {}
 
 void DenseMlp::enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng) {
   const int64_t D = w13_.in_features();
-  const DType dt = w13_.weight.value.dtype();
+  const DType dt = compute_;
   auto make = [&](const char* name, int64_t in, int64_t out) -> std::unique_ptr<LoraAdapter> {
     if (!lora_targets_module(config, prefix + name)) return nullptr;
     auto a = std::make_unique<LoraAdapter>(in, out, config, dt, prefix + name);

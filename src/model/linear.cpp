@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tiermoe/kernels/matmul.h"
+#include "tiermoe/kernels/matmul_mixed.h"
 
 namespace tiermoe {
 
@@ -10,6 +11,17 @@ Weight Weight::zeros(Shape shape, DType compute) {
   Weight w;
   w.value = Tensor::zeros(std::move(shape), compute, MemTag::weights);
   return w;
+}
+
+Weight Weight::matrix(Shape shape, DType compute, MatrixAlloc alloc) {
+  if (alloc == MatrixAlloc::zeroed) return zeros(std::move(shape), compute);
+  Weight w;
+  w.value = unbound_tensor(std::move(shape), compute);
+  return w;
+}
+
+Tensor unbound_tensor(Shape shape, DType dtype) {
+  return Tensor::from_external(nullptr, std::move(shape), dtype, nullptr);
 }
 
 Tensor Weight::grad_sink() {
@@ -29,20 +41,20 @@ void Weight::zero_grad() {
   if (grad.defined()) grad.zero();
 }
 
-Linear Linear::zeros(int64_t out, int64_t in, bool bias, DType compute) {
+Linear Linear::zeros(int64_t out, int64_t in, bool bias, DType compute, MatrixAlloc alloc) {
   Linear l;
-  l.weight = Weight::zeros({out, in}, compute);
+  l.weight = Weight::matrix({out, in}, compute, alloc);
   if (bias) l.bias = Weight::zeros({out}, compute);
   return l;
 }
 
 void Linear::forward(Tensor& y_MO, const Tensor& x_MI) const {
-  cpu::matmul_forward(y_MO, x_MI, weight.value);
+  cpu::matmul_forward_mixed(y_MO, x_MI, weight.value);
   if (bias.value.defined()) add_rows_bias(y_MO, bias.value);
 }
 
 void Linear::backward(Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI, bool accumulate) {
-  if (dx_MI.defined()) cpu::matmul_backward_dx(dx_MI, dy_MO, weight.value, accumulate);
+  if (dx_MI.defined()) cpu::matmul_backward_dx_mixed(dx_MI, dy_MO, weight.value, accumulate);
   if (Tensor dw = weight.grad_sink(); dw.defined()) {
     cpu::matmul_backward_dw(dw, dy_MO, x_MI, /*accumulate=*/true);
   }

@@ -70,9 +70,10 @@ class MoeBlock::LoraHook final : public ExpertAdapter {
 };
 
 MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
-                   std::string name)
+                   std::string name, MatrixAlloc alloc)
     : router_(router_config(config), compute, name + ".gate"),
-      experts_(experts_config(config, dispatcher), compute, name + ".experts"),
+      experts_(experts_config(config, dispatcher), compute, name + ".experts",
+               alloc == MatrixAlloc::unbound),
       first_expert_(experts_.config().num_experts * dispatcher.rank()),
       total_experts_(config.num_experts),
       executor_(experts_),

@@ -5,6 +5,7 @@
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/kernels/activation.h"
 #include "tiermoe/kernels/matmul.h"
+#include "tiermoe/kernels/matmul_mixed.h"
 
 namespace tiermoe {
 
@@ -25,13 +26,16 @@ void add_into(Tensor& into, const Tensor& t) {
   else run.template operator()<float>();
 }
 
+// The weight may be stored narrower than the activations (a frozen bf16
+// checkpoint weight in an f32 run): the *_mixed products equal the plain ones
+// on the widened weight, and are the plain ones when the dtypes agree.
 void mm_forward(KernelSet k, Tensor& y, const Tensor& x, const Tensor& w) {
-  if (k == KernelSet::ref) ref::matmul_forward(y, x, w);
-  else cpu::matmul_forward(y, x, w);
+  if (k == KernelSet::ref) ref::matmul_forward_mixed(y, x, w);
+  else cpu::matmul_forward_mixed(y, x, w);
 }
 void mm_backward_dx(KernelSet k, Tensor& dx, const Tensor& dy, const Tensor& w) {
-  if (k == KernelSet::ref) ref::matmul_backward_dx(dx, dy, w);
-  else cpu::matmul_backward_dx(dx, dy, w);
+  if (k == KernelSet::ref) ref::matmul_backward_dx_mixed(dx, dy, w);
+  else cpu::matmul_backward_dx_mixed(dx, dy, w);
 }
 
 // sum_NK (+)= dy_MN^T . x_MK over the rows in blocks of `block` rows: the

@@ -30,12 +30,19 @@ void ExpertsConfig::validate(std::string_view where) const {
                 "GPT-OSS uses swiglu_limit 7.0");
 }
 
-GroupedExperts::GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name)
+GroupedExperts::GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name,
+                               bool unbound_weights)
     : cfg_(cfg), dtype_(dtype), name_(std::move(name)), packs_(std::make_shared<ExpertPacks>()) {
   cfg_.validate(name_);
   const int64_t E = cfg_.num_experts, D = cfg_.hidden, F = cfg_.ffn;
-  w13_EFD = Tensor::zeros({E, 2 * F, D}, dtype, MemTag::weights);
-  w2_EDF = Tensor::zeros({E, D, F}, dtype, MemTag::weights);
+  if (unbound_weights) {
+    // Shape only (no memory) until bound: a placeholder must never be read.
+    w13_EFD = Tensor::from_external(nullptr, {E, 2 * F, D}, dtype, nullptr);
+    w2_EDF = Tensor::from_external(nullptr, {E, D, F}, dtype, nullptr);
+  } else {
+    w13_EFD = Tensor::zeros({E, 2 * F, D}, dtype, MemTag::weights);
+    w2_EDF = Tensor::zeros({E, D, F}, dtype, MemTag::weights);
+  }
   if (cfg_.bias) {
     b13_E2F = Tensor::zeros({E, 2 * F}, dtype, MemTag::weights);
     b2_ED = Tensor::zeros({E, D}, dtype, MemTag::weights);
@@ -46,9 +53,50 @@ GroupedExperts::GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name)
   }
 }
 
+namespace {
+
+void check_bound_weight(const Tensor& t, const Shape& want, DType compute, const char* what,
+                        const std::string& where) {
+  check_shape(t, want, what);
+  TIERMOE_CHECK(t.dtype() == compute || (t.dtype() == DType::bf16 && compute != DType::bf16) ||
+                    (t.dtype() == DType::f32 && compute == DType::f64),
+                detail::str_of(what, " is ", dtype_name(t.dtype()), ", wider than the experts' ",
+                               dtype_name(compute)),
+                where, "bind weights stored no wider than the compute dtype");
+}
+
+}  // namespace
+
+void GroupedExperts::bind_weights(Tensor w13, Tensor w2) {
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden, F = cfg_.ffn;
+  check_bound_weight(w13, {E, 2 * F, D}, dtype_, "w13_EFD", name_);
+  check_bound_weight(w2, {E, D, F}, dtype_, "w2_EDF", name_);
+  w13_EFD = std::move(w13);
+  w2_EDF = std::move(w2);
+  w13_e_.clear();
+  w2_e_.clear();
+}
+
+void GroupedExperts::bind_expert_weights(int64_t e, Tensor w13, Tensor w2) {
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden, F = cfg_.ffn;
+  TIERMOE_ASSERT(e >= 0 && e < E, "expert ", e, " of ", E);
+  check_bound_weight(w13, {2 * F, D}, dtype_, "w13_FD", name_);
+  check_bound_weight(w2, {D, F}, dtype_, "w2_DF", name_);
+  if (w13_e_.empty()) {
+    w13_e_.resize(size_t(E));
+    w2_e_.resize(size_t(E));
+    // The stacked tensors keep only their shape from here on.
+    w13_EFD = Tensor::from_external(nullptr, w13_EFD.shape(), dtype_, nullptr);
+    w2_EDF = Tensor::from_external(nullptr, w2_EDF.shape(), dtype_, nullptr);
+  }
+  w13_e_[size_t(e)] = std::move(w13);
+  w2_e_[size_t(e)] = std::move(w2);
+}
+
 void GroupedExperts::allocate_grads() {
   if (has_grads()) return;
   const DType g = grad_dtype();
+  // The stacked shapes: w13_EFD may be a bound or per-expert placeholder.
   dw13_EFD = Tensor::zeros(w13_EFD.shape(), g, MemTag::grads);
   dw2_EDF = Tensor::zeros(w2_EDF.shape(), g, MemTag::grads);
   if (cfg_.bias) {
@@ -86,6 +134,9 @@ Tensor& GroupedExperts::param(std::string_view name) {
 }
 
 const Tensor& GroupedExperts::param(std::string_view name) const {
+  TIERMOE_CHECK(!(weights_per_expert() && (name == "w13" || name == "w2")),
+                "'" + std::string(name) + "' is bound one expert at a time", name_,
+                "read expert e's weights through weights(e)");
   if (name == "w13") return w13_EFD;
   if (name == "w2") return w2_EDF;
   if (name == "b13" && cfg_.bias) return b13_E2F;
@@ -118,8 +169,13 @@ void GroupedExperts::zero_grad() {
 
 ExpertWeights GroupedExperts::weights(int64_t e) const {
   ExpertWeights w;
-  w.w13_FD = w13_EFD.select(e);
-  w.w2_DF = w2_EDF.select(e);
+  if (weights_per_expert()) {
+    w.w13_FD = w13_e_[size_t(e)];
+    w.w2_DF = w2_e_[size_t(e)];
+  } else {
+    w.w13_FD = w13_EFD.select(e);
+    w.w2_DF = w2_EDF.select(e);
+  }
   if (cfg_.bias) {
     w.b13_F = b13_E2F.select(e);
     w.b2_D = b2_ED.select(e);

@@ -163,8 +163,21 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
 
 void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
   const ExpertWeights w = experts_->weights(e);
-  upload_tensor(*device_, on_device.w13_FD, w.w13_FD);
-  upload_tensor(*device_, on_device.w2_DF, w.w2_DF);
+  // Frozen experts may be stored narrower than the compute dtype (bf16 in an
+  // f32 run, experts.h); the device holds them widened (exact), so its graphs
+  // run the plain products the host's mixed ones equal. An upload may read
+  // its source after it returns, so a widened copy is waited for before it dies.
+  auto upload = [&](const DeviceTensor& dst, const Tensor& t) {
+    if (t.dtype() == experts_->dtype()) {
+      upload_tensor(*device_, dst, t);
+      return;
+    }
+    const Tensor widened = t.to(experts_->dtype());
+    upload_tensor(*device_, dst, widened);
+    device_->sync();
+  };
+  upload(on_device.w13_FD, w.w13_FD);
+  upload(on_device.w2_DF, w.w2_DF);
   if (experts_->config().bias) {
     upload_tensor(*device_, on_device.b13_F, w.b13_F);
     upload_tensor(*device_, on_device.b2_D, w.b2_D);

@@ -184,9 +184,12 @@ void check_fits_host(const TrainConfig& c, int ranks) {
 CausalLM build_model(const TrainConfig& c, Comm* comm, ProgressSink progress) {
   c.validate();
   check_fits_host(c, comm ? comm->size() : 1);
+  // LoRA freezes every base weight, so it reads them in place from the
+  // checkpoint at their stored width; full fine-tuning trains copies.
+  const WeightBinding binding = c.lora ? WeightBinding::mapped : WeightBinding::copy;
   CausalLM model = c.model_dir.empty()
                        ? random_model(c, comm)
-                       : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm, progress);
+                       : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm, binding, progress);
   model.set_lm_head_chunk(c.lm_head_chunk);
   model.set_moe_options(RematPolicy::parse(c.remat, "--remat"),
                         parse_absorb_scores(c.absorb, "--absorb-scores"));

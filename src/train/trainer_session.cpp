@@ -5,7 +5,9 @@
 #include <nlohmann/json.hpp>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/io/safetensors.h"
 #include "tiermoe/train/checkpoint.h"
+#include "tiermoe/train/memory_plan.h"
 #include "tiermoe/train/metrics.h"
 #include "tiermoe/train/out_dir.h"
 #include "tiermoe/train/progress.h"
@@ -28,6 +30,7 @@ json TrainSummary::to_json() const {
   if (unigram_entropy) j["unigram_entropy"] = *unigram_entropy;
   if (!last_checkpoint.empty()) j["checkpoint"] = last_checkpoint;
   if (!final_export.empty()) j["export"] = final_export;
+  if (!memory_plan.is_null()) j["memory_plan"] = memory_plan;
   if (!comm.is_null()) {
     for (const char* k : {"ranks", "alltoall_bytes", "alltoall_s"}) j[k] = comm.at(k);
     j["comm"] = comm;
@@ -54,6 +57,44 @@ std::string config_differences(const TrainConfig& given, const TrainConfig& save
     }
   }
   return diff;
+}
+
+// The dtype a checkpoint stores its matrices in (its embedding's), read from
+// the shard header only; nullopt for a preset at random init.
+std::optional<DType> stored_matrix_dtype(const TrainConfig& c) {
+  if (c.model_dir.empty()) return std::nullopt;
+  const std::string d = CheckpointTensors::open(c.model_dir).entry("model.embed_tokens.weight").dtype;
+  if (d == "BF16") return DType::bf16;
+  if (d == "F32") return DType::f32;
+  if (d == "F64") return DType::f64;
+  return std::nullopt;  // the loader names the unsupported dtype
+}
+
+// Logs the plan and refuses a run it says cannot fit, before anything is loaded.
+MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunControl& control) {
+  const ModelConfig model = config.model_dir.empty() ? preset(config.preset, config.layers)
+                                                     : load_model_config(config.model_dir);
+  const std::optional<DType> stored = stored_matrix_dtype(config);
+  const MemoryPlan plan = plan_memory(config, model, stored, ranks);
+  if (control.log) {
+    *control.log << "memory plan (predicted peak per tag" << (ranks > 1 ? ", each rank" : "")
+                 << "):\n"
+                 << plan.table();
+  }
+  const size_t limit = control.max_memory ? size_t(control.max_memory) : available_host_memory();
+  if (limit == 0 || plan.total() <= limit) return plan;
+  std::string hint;
+  for (const std::string& way : ways_to_fit(config, model, stored, ranks, limit)) {
+    hint += (hint.empty() ? "it would fit with " : "; or ") + way;
+  }
+  if (hint.empty()) {
+    hint = "no single change of remat, batch, LoRA or dtype fits: use a host with more memory, "
+           "or more ranks (--ep)";
+  }
+  throw Error(str_of("the memory plan needs ", plan.total(), " bytes (the table above), more than ",
+                     control.max_memory ? "--max-memory " : "the available memory ", limit,
+                     " bytes"),
+              control.max_memory ? "--max-memory" : "MemAvailable (/proc/meminfo)", hint);
 }
 
 int64_t count_trainable(const std::vector<Parameter>& params) {
@@ -106,6 +147,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                 "0 runs every step");
 
   Comm* comm = control.comm && control.comm->size() > 1 ? control.comm : nullptr;
+  const MemoryPlan plan = check_memory_plan(ck ? ck->config : config, comm ? comm->size() : 1,
+                                            control);
   const ProgressSink loading{log, control.progress_tty};
   CausalLM model = ck ? resume_model(*ck, comm, loading) : build_model(config, comm, loading);
   if (log && config.trainer.seq_len > model.config().max_position_embeddings) {
@@ -187,6 +230,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   const int64_t last_step = control.stop_after > 0
                                 ? std::min(control.stop_after, config.trainer.steps)
                                 : config.trainer.steps;
+  // The measured peaks are the steps' (loading's transients are not planned).
+  MemoryTracker::process().reset_peaks();
   std::vector<double> step_times;
   int64_t tokens_run = 0;
   CommStats comm_run;
@@ -232,6 +277,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   out.tokens_per_s = out.seconds > 0 ? double(tokens_run) / out.seconds : 0.0;
   out.step_time_s = median(step_times);
   out.memory_peak = memory_snapshot().peak;
+  out.memory_plan = plan.to_json(&out.memory_peak);
   if (tier) {
     out.tier = tier->summary_json();
     if (!comm) {
@@ -254,7 +300,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
          << ", " << int64_t(out.tokens_per_s) << " tokens/s";
     if (!out.last_checkpoint.empty()) *log << ", checkpoint " << out.last_checkpoint;
     if (!out.final_export.empty()) *log << ", exported " << out.final_export;
-    *log << "\n";
+    *log << "\nmemory: planned vs measured peak per tag:\n" << plan.table(&out.memory_peak);
     if (comm) {
       *log << str_of("comm: ", out.comm.at("alltoall_bytes").get<uint64_t>(),
                      " all-to-all bytes sent and received by rank 0 (",

@@ -144,6 +144,30 @@ TEST_F(TierTraining, DevicePathEqualsHostPathBitwise) {
   }
 }
 
+// A LoRA run from a bf16 checkpoint in f32 keeps the frozen experts at bf16
+// (mapped from the shard, train/trainer_config.h): the device holds them
+// widened and must still give the host's bits.
+TEST_F(TierTraining, StoredWidthExpertsOnTheDeviceEqualTheHostBitwise) {
+  const TrainConfig base = tiny_run(DType::f32, true, "auto");
+  TrainConfig init = base;
+  init.dtype = DType::bf16;
+  init.lora.reset();
+  build_model(init).save_checkpoint((dir_ / "bf16").string(), DType::bf16);
+  TrainConfig host_cfg = base;
+  host_cfg.model_dir = (dir_ / "bf16").string();
+  TrainConfig tier_cfg = host_cfg;
+  tier_cfg.tier = cpu_tier(tier_cfg, profile_);
+  const TrainSummary host = train(host_cfg, "host");
+  const TrainSummary tiered = train(tier_cfg, "tier");
+  ASSERT_EQ(host.losses.size(), tiered.losses.size());
+  for (size_t i = 0; i < host.losses.size(); ++i) {
+    EXPECT_EQ(host.losses[i], tiered.losses[i]) << "step " << i + 1;
+  }
+  EXPECT_TRUE(exported(host) == exported(tiered));
+  EXPECT_GT(tiered.tier.at("device_calls").get<int64_t>(), 0);
+  EXPECT_GT(host.memory_peak[size_t(MemTag::mapped)], 0u);  // the experts were mapped, at bf16
+}
+
 TEST_F(TierTraining, ResumeWithTheTierPlacesFromTheCheckpointsProfile) {
   const TrainConfig host_cfg = tiny_run(DType::f32, false, "auto");
   const TrainSummary host = train(host_cfg, "host");

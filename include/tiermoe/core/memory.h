@@ -1,7 +1,9 @@
 #pragma once
 // Every tensor allocation goes through a MemoryTracker, which keeps live and
 // peak bytes per tag. "saved" is what the forward keeps for backward;
-// "device" is memory held on the device tier.
+// "device" is memory held on the device tier; "mapped" is checkpoint bytes the
+// model reads in place from a memory-mapped file (page cache, shared between
+// processes, never copied), counted while a view of them is alive.
 #include <array>
 #include <atomic>
 #include <cstddef>
@@ -9,8 +11,8 @@
 
 namespace tiermoe {
 
-enum class MemTag : uint8_t { weights, grads, optimizer, activations, saved, device };
-inline constexpr size_t kNumMemTags = 6;
+enum class MemTag : uint8_t { weights, grads, optimizer, activations, saved, device, mapped };
+inline constexpr size_t kNumMemTags = 7;
 std::string_view mem_tag_name(MemTag tag);
 
 class MemoryTracker {

@@ -56,7 +56,8 @@ struct AttentionSaved {
 class AttentionBlock {
  public:
   // Zero weights; the loader or a test fills them through the Weights.
-  AttentionBlock(const ModelConfig& config, DType compute);
+  AttentionBlock(const ModelConfig& config, DType compute,
+                 MatrixAlloc alloc = MatrixAlloc::zeroed);
 
   // y_TD = attention(x_TD), x_TD [B*T, D]; `rope` holds B and T.
   void forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& rope, AttentionSaved& saved) const;
@@ -79,6 +80,7 @@ class AttentionBlock {
                      const AttentionSaved& saved);
 
   QkNorm qk_norm_;
+  DType compute_;  // the projections may be stored narrower (linear.h)
   int64_t H_, Hkv_, P_;
   double eps_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_;

@@ -69,18 +69,27 @@ class CausalLM {
   // Zero weights (fill them through params(), or use from_checkpoint). The
   // config must be one TierMoE implements (validated here); with a Comm of
   // P ranks, P must divide the expert count.
-  CausalLM(ModelConfig config, DType compute, Comm* comm = nullptr);
+  // MatrixAlloc::unbound leaves the weight matrices without memory for the
+  // loader to bind (from_checkpoint, WeightBinding::mapped).
+  CausalLM(ModelConfig config, DType compute, Comm* comm = nullptr,
+           MatrixAlloc alloc = MatrixAlloc::zeroed);
   ~CausalLM();
   CausalLM(CausalLM&&) noexcept;
   CausalLM& operator=(CausalLM&&) noexcept;
 
   // Reads dir/config.json and the checkpoint's tensors (model.safetensors or
-  // shards), per-expert or fused expert layout, converting the stored dtype
-  // to `compute`. See checkpoint.h for what is rejected.
+  // shards), per-expert or fused expert layout. See checkpoint.h for what is
+  // rejected, and for WeightBinding: copy converts every tensor to `compute`;
+  // mapped (frozen base weights, LoRA) keeps the weight matrices at their
+  // stored width, read in place from the memory-mapped shards.
   // `progress`: a progress line while the tensors load and convert
   // (core/progress_meter.h; silent for loads under a second).
   static CausalLM from_checkpoint(const std::string& dir, DType compute, Comm* comm = nullptr,
+                                  WeightBinding binding = WeightBinding::copy,
                                   ProgressSink progress = {});
+  // Whether the weight matrices are the checkpoint's bytes (WeightBinding::mapped):
+  // then no base parameter can be unfrozen.
+  bool weights_bound() const { return bound_; }
   // Writes config.json and the tensors under HF names in the per-expert
   // layout save_pretrained writes, in `storage` (default: the compute dtype).
   // One rank only (an expert-parallel model's ranks write their parts
@@ -197,6 +206,11 @@ class CausalLM {
   struct Slot;  // one HF tensor: its views and its group's requires_grad switch
   std::vector<Slot> slots(bool with_grads);
   std::vector<const Routing*> routings() const;
+  void check_trainable(std::string_view name) const;  // Error on a bound model
+  // WeightBinding::mapped: every weight matrix from the checkpoint (checkpoint.h).
+  // embed_source: the stored tensor the embedding reads (lm_head.weight for a
+  // tied checkpoint that stores only the head).
+  void bind_checkpoint_matrices(const CheckpointTensors& ck, const std::string& embed_source);
   struct LoraModule;  // one adapted module (an expert's projection is one)
   std::vector<LoraModule> lora_modules() const;
 
@@ -212,6 +226,7 @@ class CausalLM {
   AbsorbScores absorb_ = AbsorbScores::automatic;
   std::optional<LoraConfig> lora_;
   DeviceTier* tier_ = nullptr;
+  bool bound_ = false;  // WeightBinding::mapped
 
   // The last forward, kept for backward.
   int64_t B_ = 0, T_ = 0;

@@ -9,8 +9,21 @@
 //   fused       mlp.experts.gate_up_proj [E, 2F, D] (gate rows first) and
 //               mlp.experts.down_proj [E, D, F] (transformers v5; Mixtral's router
 //               then at mlp.gate.weight, its per-expert form's name also accepted)
-// Stored F64, F32 or BF16 tensors are converted to the compute dtype (as
-// torch's .to() rounds).
+// WeightBinding::copy: stored F64, F32 or BF16 tensors are converted to the
+// compute dtype (as torch's .to() rounds).
+// WeightBinding::mapped (frozen base weights, as LoRA runs have them): every
+// weight matrix (embedding, lm_head, attention and dense-MLP projections,
+// experts) stays at its stored width when that is no wider than the compute
+// dtype (bf16 in an f32 run), and is a view of the memory-mapped shard, no
+// copy: the mapping lives as long as a view of it, its bytes are counted
+// under MemTag::mapped, and processes reading the same checkpoint share its
+// page cache. Tensors the model stacks (gate_proj and up_proj as one [2F, D]
+// matrix) are one view when they lie back to back in the shard (safetensors
+// writers sort by name, so gate_proj precedes up_proj), else one copy at the
+// stored width (MemTag::weights). A matrix stored wider than the compute
+// dtype is converted (a copy), as are norms, biases and the router, which
+// are small. The products read narrower weights through matmul_mixed.h.
+// Such a model comes back frozen, and no base parameter can be unfrozen.
 //
 // Rejected before anything is loaded, each an Error naming the tensor:
 //   - a tensor the config implies that the checkpoint lacks;

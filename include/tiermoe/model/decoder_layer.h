@@ -32,7 +32,7 @@ struct LayerTimes {
 class DecoderLayer {
  public:
   DecoderLayer(const ModelConfig& config, int64_t layer, DType compute,
-               const Dispatcher& dispatcher);
+               const Dispatcher& dispatcher, MatrixAlloc alloc = MatrixAlloc::zeroed);
 
   int64_t index() const { return layer_; }
   bool is_moe() const { return moe_ != nullptr; }

@@ -27,7 +27,8 @@ struct DenseMlpSaved {
 
 class DenseMlp {
  public:
-  DenseMlp(int64_t hidden, int64_t intermediate, DType compute);
+  DenseMlp(int64_t hidden, int64_t intermediate, DType compute,
+           MatrixAlloc alloc = MatrixAlloc::zeroed);
 
   void forward(Tensor& y_TD, const Tensor& x_TD, DenseMlpSaved& saved) const;
   // dx_TD (=, or += with accumulate); parameter grads +=.
@@ -46,6 +47,7 @@ class DenseMlp {
 
  private:
   int64_t I_;
+  DType compute_;  // the weights may be stored narrower (linear.h)
   Linear w13_;   // (2I, D) gate rows then up rows
   Linear down_;  // (D, I)
   std::unique_ptr<LoraAdapter> lora_gate_, lora_up_, lora_down_;

@@ -1,6 +1,9 @@
 #pragma once
 // nn.Linear over a block of rows, y = x W^T (+ b), on the cpu:: matmul
-// kernels, forward and backward side by side. Weights are [out, in].
+// kernels, forward and backward side by side. Weights are [out, in]. A frozen
+// weight may be stored narrower than the activations (a bf16 checkpoint
+// tensor in an f32 run): the products then run on kernels/matmul_mixed.h,
+// whose results are those of the product on the widened weight.
 #include <string>
 
 #include "tiermoe/core/tensor.h"
@@ -12,7 +15,8 @@ struct Linear {
   Weight weight;  // (out, in)
   Weight bias;    // (out) or undefined value (no bias)
 
-  static Linear zeros(int64_t out, int64_t in, bool bias, DType compute);
+  static Linear zeros(int64_t out, int64_t in, bool bias, DType compute,
+                      MatrixAlloc alloc = MatrixAlloc::zeroed);
   int64_t out_features() const { return weight.value.size(0); }
   int64_t in_features() const { return weight.value.size(1); }
 

@@ -15,6 +15,7 @@
 
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/model/lora.h"
+#include "tiermoe/model/weight.h"
 #include "tiermoe/moe/dispatch.h"
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/experts.h"
@@ -27,7 +28,7 @@ class MoeBlock {
  public:
   // `name` is the HF module path ("model.layers.3.mlp"), used in errors.
   MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
-           std::string name);
+           std::string name, MatrixAlloc alloc = MatrixAlloc::zeroed);
   ~MoeBlock();
   MoeBlock(const MoeBlock&) = delete;
   MoeBlock& operator=(const MoeBlock&) = delete;

@@ -21,6 +21,19 @@ inline DType acc_dtype_for(DType compute) {
 // The dtype gradients are kept in for a compute dtype.
 inline DType grad_dtype_for(DType compute) { return acc_dtype_for(compute); }
 
+// How a model's weight matrices (embedding, LM head, attention and MLP
+// projections, experts) come into being: allocated zeroed in the compute
+// dtype, or unbound: shape only and no memory, for the checkpoint loader to
+// bind to the checkpoint's own bytes (CausalLM::from_checkpoint with
+// WeightBinding::mapped). Norms, biases and the router are always allocated.
+enum class MatrixAlloc { zeroed, unbound };
+// How from_checkpoint fills the weight matrices: copy converts every tensor to
+// the compute dtype (trainable weights); mapped binds each matrix to the
+// checkpoint's bytes at their stored width (frozen weights: LoRA).
+enum class WeightBinding { copy, mapped };
+// A tensor of `shape` whose data must not be read until the loader binds it.
+Tensor unbound_tensor(Shape shape, DType dtype);
+
 // Gradients are allocated on first use (a backward, or params()), so a model
 // frozen right after loading never holds them.
 struct Weight {
@@ -30,6 +43,8 @@ struct Weight {
 
   // A zero-filled weight that requires grad.
   static Weight zeros(Shape shape, DType compute);
+  // zeros, or an unbound matrix (MatrixAlloc above).
+  static Weight matrix(Shape shape, DType compute, MatrixAlloc alloc);
   // The gradient to accumulate into: allocated zeroed on first use; an
   // undefined Tensor when frozen (kernels then skip the weight's product).
   Tensor grad_sink();

@@ -101,13 +101,27 @@ class GroupedExperts {
   // Weights are zero; fill them through param(). Weights and biases are stored
   // in `dtype`, gradients in acc_t (f32 for bf16 runs, as fp32 master grads).
   // Gradients are allocated on first use, so frozen experts never hold them.
-  GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name = "experts");
+  // With `unbound_weights` w13 and w2 get no memory: bind_weights or
+  // bind_expert_weights must give every expert its weights before use.
+  GroupedExperts(ExpertsConfig cfg, DType dtype, std::string name = "experts",
+                 bool unbound_weights = false);
 
   const ExpertsConfig& config() const { return cfg_; }
   DType dtype() const { return dtype_; }
   DType grad_dtype() const;
   const std::string& name() const { return name_; }
   bool has_output_postprocess() const { return cfg_.post_norm; }
+
+  // Frozen experts can read w13 and w2 where they are stored: a checkpoint's
+  // memory-mapped bytes, or a copy at the checkpoint's width, which may be
+  // narrower than dtype() (bf16 weights in an f32 run: the GEMMs then run on
+  // kernels/matmul_mixed.h, whose results are those of the widened weight).
+  // All experts at once as stacked tensors ([E, 2F, D] and [E, D, F]), or
+  // one expert at a time ([2F, D] and [D, F]); after the latter, param("w13")
+  // and param("w2") are an Error and weights(e) returns the bound tensors.
+  void bind_weights(Tensor w13_EFD, Tensor w2_EDF);
+  void bind_expert_weights(int64_t e, Tensor w13_FD, Tensor w2_DF);
+  bool weights_per_expert() const { return !w13_e_.empty(); }
 
   // "w13" [E, 2F, D], "w2" [E, D, F]; with bias "b13" [E, 2F], "b2" [E, D];
   // with post_norm "norm" [E, D]. The mutable access counts as a change of
@@ -176,6 +190,7 @@ class GroupedExperts {
   Tensor b13_E2F;  // (E, 2F) bias only
   Tensor b2_ED;    // (E, D) bias only
   Tensor norm_ED;  // (E, D) post_norm only
+  std::vector<Tensor> w13_e_, w2_e_;  // per-expert bound weights (bind_expert_weights)
   Tensor dw13_EFD, dw2_EDF, db13_E2F, db2_ED, dnorm_ED;  // grad_dtype()
   ExpertAdapter* adapter_ = nullptr;
   uint64_t weights_version_ = 0;

@@ -51,6 +51,10 @@ struct RunControl {
   // train --report refreshes the report here. Empty: nothing.
   std::function<void(const std::string&)> after_checkpoint{};
   DivergenceOptions divergence{};  // when a finite run counts as diverged (divergence.h)
+  // The memory plan (train/memory_plan.h) is logged before loading; a run
+  // whose plan exceeds this many bytes is refused then, with what would make
+  // it fit. 0: what the machine has available (MemAvailable).
+  uint64_t max_memory = 0;
 };
 
 struct TrainSummary {
@@ -60,7 +64,8 @@ struct TrainSummary {
   double tokens_per_s = 0;  // over this process's steps
   double step_time_s = 0;   // median over this process's steps
   double seconds = 0;       // this process's training time
-  std::array<size_t, kNumMemTags> memory_peak{};
+  std::array<size_t, kNumMemTags> memory_peak{};  // measured, over the steps
+  nlohmann::json memory_plan;  // the plan's prediction beside memory_peak, per tag
   std::optional<double> loss_floor;       // built-in corpus: its entropy rate
   std::optional<double> unigram_entropy;  // built-in corpus: the context-free loss
   std::string last_checkpoint;            // empty when none was written

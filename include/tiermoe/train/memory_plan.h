@@ -1,0 +1,73 @@
+#pragma once
+// The memory plan of a training run: the peak bytes each MemoryTracker tag
+// will reach, predicted from the run's settings alone (the config, the
+// fine-tuning mode, dtypes, batch and sequence length, the remat policy and
+// score absorption, LoRA targets, the optimizer, the device budget), before
+// anything is loaded. `tiermoe train` logs it before loading, refuses a run
+// whose plan exceeds --max-memory (what the machine has, by default) with
+// what would make it fit, and reports it beside the measured peaks in --json.
+//
+// What each tag holds, and how it is predicted (N = batch x seq_len tokens,
+// s = the compute dtype's size, a = the accumulation dtype's, 4 or 8):
+//   weights      every parameter in the compute dtype; a LoRA run from a
+//                checkpoint keeps its matrices where they are stored (mapped
+//                below) and holds only norms, biases and routers, plus the
+//                adapters (fp32);
+//   mapped       the checkpoint's matrices read in place (LoRA from a
+//                checkpoint): their bytes at the stored width;
+//   grads        one gradient per trainable parameter (a), plus a second copy
+//                of the replicated ones when a rank folds several micro-batches;
+//   optimizer    AdamW's two moments (SGD's momentum) per trainable parameter,
+//                and the fp32 master of a bf16 parameter;
+//   saved        what the MoE layers keep for backward, per the remat policy
+//                (moe/regions.h): routing, then x/h/a rows of the kept
+//                regions; in backward one layer's replayed rows on top;
+//   activations  the rest of forward's state, every layer's (attention
+//                projections, norms, residual stream, dense MLPs, LoRA
+//                intermediates), alive until backward ends, plus the largest
+//                transient on top of it: an LM head chunk (its logits and
+//                their gradient), or one layer's backward buffers;
+//   device       the device tier's budget (an upper bound: it holds at most that).
+// Peaks of different tags need not coincide, so total() (their sum) bounds
+// the run's tracked peak from above. Not tracked, so not planned: the
+// program, thread stacks, the allocator's cached free blocks, the data set.
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json_fwd.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/memory.h"
+#include "tiermoe/train/trainer_config.h"
+
+namespace tiermoe {
+
+struct MemoryPlan {
+  std::array<size_t, kNumMemTags> peak{};  // predicted peak bytes per tag
+  size_t total() const;
+
+  // A table of the tags, with the measured peaks (and predicted / measured)
+  // when given.
+  std::string table(const std::array<size_t, kNumMemTags>* measured = nullptr) const;
+  // {"total": ..., "<tag>": {"predicted": ..., "measured": ...}, ...}
+  nlohmann::json to_json(const std::array<size_t, kNumMemTags>* measured = nullptr) const;
+};
+
+// The plan of `config` on `model`. `stored` is the dtype the checkpoint holds
+// its matrices in (when the run reads a checkpoint); `ranks` the expert
+// parallel ranks (each rank's share is planned).
+MemoryPlan plan_memory(const TrainConfig& config, const ModelConfig& model,
+                       std::optional<DType> stored = std::nullopt, int ranks = 1);
+
+// What would bring the plan under `limit` bytes: each a change of one setting
+// (remat policy, batch, LoRA instead of full, bf16), with its planned total,
+// best first; empty when nothing tried fits.
+std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfig& model,
+                                     std::optional<DType> stored, int ranks, size_t limit);
+
+// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
+size_t available_host_memory();
+
+}  // namespace tiermoe

@@ -1,0 +1,302 @@
+// The memory plan: each tag's peak from the run's settings (memory_plan.h says
+// what each tag holds). The byte counts follow the tensors the model, the MoE
+// layer and the trainer allocate (causal_lm.cpp, decoder_layer.cpp,
+// attention_block.cpp, dense_mlp.cpp, moe_layer.cpp, expert_math.cpp,
+// lora.cpp, parameter.cpp); tests/train/test_memory_plan.cpp holds every tag
+// within 10% of the measured peak.
+#include "tiermoe/train/memory_plan.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/io/hf_names.h"
+#include "tiermoe/model/lora.h"
+#include "tiermoe/moe/moe_layer.h"
+#include "tiermoe/moe/regions.h"
+#include "tiermoe/remat/policy.h"
+
+namespace tiermoe {
+
+using detail::str_of;
+
+namespace {
+
+size_t& at(MemoryPlan& p, MemTag t) { return p.peak[size_t(t)]; }
+
+// "1.23 GiB" from 1 GiB up, else "45.6 MiB".
+std::string human(size_t b) {
+  char buf[32];
+  const double gib = double(b) / double(1ull << 30);
+  if (gib >= 1)
+    std::snprintf(buf, sizeof buf, "%.2f GiB", gib);
+  else
+    std::snprintf(buf, sizeof buf, "%.1f MiB", double(b) / double(1ull << 20));
+  return buf;
+}
+
+bool is_matrix(HfRole r) {
+  return r == HfRole::embedding || r == HfRole::lm_head || r == HfRole::attention ||
+         r == HfRole::dense_mlp || r == HfRole::expert;
+}
+
+// The module path of a weight ("model.layers.0.self_attn.q_proj").
+std::string module_of(const std::string& name) {
+  return name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
+}
+
+struct Sizes {
+  int64_t N, D, H, Hkv, P, E, K, F, I, V, R;
+  size_t s, a;  // compute and accumulation dtype sizes
+};
+
+// Forward state of one decoder layer outside the MoE layer's record
+// (activations), alive until backward ends.
+size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_attn,
+                  int64_t lora_mlp) {
+  const int64_t HP = z.H * z.P, KP = z.Hkv * z.P;
+  const QkNorm qk = c.qk_norm();
+  size_t b = size_t(z.N) * (3 * z.D) * z.s;  // input, normed input, h
+  b += size_t(z.N) * 2 * z.a;                // the two rstd
+  b += size_t(z.N) * (qk == QkNorm::none ? HP + 2 * KP : 2 * (HP + KP) + KP) * z.s;
+  if (qk == QkNorm::per_head) b += size_t(z.N) * (z.H + z.Hkv) * z.a;
+  if (qk == QkNorm::whole) b += size_t(z.N) * 2 * z.a;
+  b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;      // o, lse
+  b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
+  if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
+  return b;
+}
+
+// One MoE layer's record at the end of forward (saved), and the rows a
+// backward replay adds.
+struct MoeSavedBytes {
+  size_t kept = 0, replay = 0;
+};
+
+MoeSavedBytes moe_saved(const Sizes& z, const MoeRematPlan& rp, bool absorbed, bool lora_w13,
+                        bool lora_w2) {
+  const size_t NK = size_t(z.N * z.K);
+  MoeSavedBytes m;
+  m.kept = size_t(z.N) * z.D * z.s + 2 * size_t(z.N) * z.E * z.a + size_t(z.N) * z.K * z.a +
+           NK * z.a;                        // x_TD, logits and probs, weights_TK, score_N
+  if (!absorbed) m.kept += NK * z.D * z.s;  // y_ND
+  const ExpertSaves& k = rp.routed_keep;
+  const size_t x = NK * z.D * z.s, h = NK * 2 * z.F * z.s, a = NK * z.F * z.s;
+  m.kept += (k.x ? x : 0) + (k.h ? h : 0) + (k.a ? a : 0);
+  if (lora_w13 && k.lora_w13) m.kept += 2 * NK * z.R * 4;
+  if (lora_w2 && k.lora_w2) m.kept += NK * z.R * 4;
+  m.replay = (rp.replay_dispatch ? x : 0) + (rp.routed_replay.w13 ? h : 0) +
+             (rp.routed_replay.act ? a : 0);
+  if (lora_w13 && rp.routed_replay.w13) m.replay += 2 * NK * z.R * 4;
+  if (lora_w2 && rp.routed_replay.w2) m.replay += NK * z.R * 4;
+  return m;
+}
+
+}  // namespace
+
+size_t MemoryPlan::total() const {
+  size_t t = 0;
+  for (size_t b : peak) t += b;
+  return t;
+}
+
+MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c, std::optional<DType> stored,
+                       int ranks) {
+  const DType dt = cfg.dtype;
+  const bool lora = cfg.lora.has_value();
+  const int64_t R = lora ? cfg.lora->rank : 0;
+  const int64_t B = cfg.trainer.batch, L = cfg.trainer.seq_len;
+  Sizes z{B * L,
+          c.hidden_size,
+          c.num_attention_heads,
+          c.num_key_value_heads,
+          c.head_dim,
+          c.num_experts,
+          c.num_experts_per_tok,
+          c.moe_intermediate_size,
+          c.intermediate_size,
+          c.vocab_size,
+          R,
+          dtype_size(dt),
+          dt == DType::f64 ? size_t(8) : size_t(4)};
+  const size_t master = z.a;  // masters, gradients, LoRA adapters: f32 (f64 in f64 runs)
+  // Every rank holds as many experts: the plan is rank 0's, experts [0, El).
+  const int64_t El = c.num_experts > 0 ? c.num_experts / std::max(ranks, 1) : 0;
+
+  MemoryPlan p;
+  // Parameters, adapters, gradients, optimizer state.
+  const bool mapped = lora && stored.has_value();
+  int64_t trainable = 0, replicated_trainable = 0, lora_attn_modules = 0, lora_dense_modules = 0;
+  bool lora_w13 = false, lora_w2 = false;
+  for (const HfTensor& t : hf_tensors(c)) {
+    if (t.role == HfRole::expert && t.expert >= El) continue;
+    const size_t n = size_t(shape_numel(t.shape));
+    if (mapped && is_matrix(t.role)) {
+      const bool keep = *stored == dt || dtype_size(*stored) < dtype_size(dt);
+      at(p, keep ? MemTag::mapped : MemTag::weights) += n * dtype_size(keep ? *stored : dt);
+    } else {
+      at(p, MemTag::weights) += n * z.s;
+    }
+    if (!lora) {
+      trainable += int64_t(n);
+      if (t.role != HfRole::expert) replicated_trainable += int64_t(n);
+      continue;
+    }
+    const bool linear =
+        t.role == HfRole::attention || t.role == HfRole::dense_mlp || t.role == HfRole::expert;
+    if (!linear || !lora_targets_module(*cfg.lora, module_of(t.name))) continue;
+    const int64_t adapter = R * (t.shape[0] + t.shape[1]);
+    trainable += adapter;
+    if (t.role != HfRole::expert) replicated_trainable += adapter;
+    at(p, MemTag::weights) += size_t(adapter) * master;
+    if (t.role == HfRole::attention) ++lora_attn_modules;
+    if (t.role == HfRole::dense_mlp) ++lora_dense_modules;
+    if (t.role == HfRole::expert) {
+      const std::string m = module_of(t.name);
+      (m.ends_with("down_proj") || m.ends_with(".w2") ? lora_w2 : lora_w13) = true;
+    }
+  }
+  at(p, MemTag::grads) = size_t(trainable) * master;
+  // A router holds its gradient buffer even while frozen (moe/router.h).
+  if (lora && c.num_experts > 0) {
+    at(p, MemTag::grads) += size_t(c.num_moe_layers() * c.num_experts * c.hidden_size) * master;
+  }
+  const int64_t passes = cfg.trainer.grad_accum / std::max(ranks, 1);
+  // Folding several micro-batches keeps a sum beside the replicated gradients.
+  if (passes > 1) at(p, MemTag::grads) += size_t(replicated_trainable) * master;
+  size_t opt_per_param = cfg.trainer.optimizer == OptimizerKind::adamw ? 2 * master
+                         : cfg.trainer.sgd.momentum != 0               ? master
+                                                                       : 0;
+  if (!lora && dt == DType::bf16) opt_per_param += 4;  // the fp32 master copy
+  at(p, MemTag::optimizer) = size_t(trainable) * opt_per_param;
+  if (cfg.tier.enabled()) at(p, MemTag::device) = cfg.tier.device_memory;
+
+  // Activations and saved, for one micro-batch.
+  const int64_t layers = c.num_hidden_layers;
+  const int64_t moe_layers = c.num_experts > 0 ? c.num_moe_layers() : 0;
+  const int64_t dense_layers = layers - moe_layers;
+  const int64_t lora_attn_per_layer = layers ? lora_attn_modules / layers : 0;
+  const int64_t lora_dense_per_layer = dense_layers ? lora_dense_modules / dense_layers : 0;
+  size_t kept = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    const bool moe = c.num_experts > 0 && c.is_moe_layer(l);
+    kept += layer_kept(z, c, moe, lora_attn_per_layer, moe ? 0 : lora_dense_per_layer);
+  }
+  if (dt == DType::f64) {
+    // f64 LoRA intermediates are twice the fp32 ones layer_kept counted.
+    kept += size_t(z.N) * z.R * 4 * size_t(lora_attn_modules + lora_dense_modules);
+  }
+  kept += size_t(z.N) * z.D * z.s;      // the last layer's output (the final norm's input)
+  kept += 2 * size_t(z.N) * z.P * z.s;  // RoPE cos and sin
+  kept += size_t(z.N) * z.D * z.s + size_t(z.N) * z.a;  // final norm output and rstd
+  const int64_t C = cfg.lm_head_chunk == 0 ? z.N : std::min(cfg.lm_head_chunk, z.N);
+  const size_t head = size_t(z.N) * z.D * z.s + 2 * size_t(C) * z.V * z.s;  // dn, logits, dlogits
+  // A layer's backward. The MLP half: dx, dprev and dm on the residual
+  // stream, then the MoE's dy and dx rows, their d scores and one expert's
+  // buffers at a time per thread (dy, da, dh, the scaled input; with LoRA
+  // their fp32 branch gradients), for an expert of up to twice the even
+  // share of rows (routing is skewed); or the dense MLP's da and dh. The
+  // attention half: dh and dn on top, then do, dq/dk/dv (and the pre-norm ones).
+  const size_t ND = size_t(z.N) * z.D * z.s, NK = size_t(z.N * z.K);
+  const int64_t HP = z.H * z.P, KP = z.Hkv * z.P;
+  const size_t attn_bwd =
+      5 * ND + size_t(z.N) * (HP + HP + 2 * KP + (c.qk_norm() == QkNorm::none ? 0 : HP + KP)) * z.s;
+  size_t mlp_bwd = 0;
+  if (moe_layers) {
+    const size_t rows = std::min(NK, 2 * ((NK + size_t(z.E) - 1) / size_t(z.E)));
+    const size_t lora_rows = (lora_w13 || lora_w2) ? rows * size_t(z.D + z.F) * 2 * 4 : 0;
+    const size_t one_expert = rows * size_t(z.D + 4 * z.F) * z.s + lora_rows;
+    mlp_bwd = 3 * ND + 2 * NK * z.D * z.s + 2 * NK * z.a +
+              size_t(std::max(1, num_threads())) * one_expert;
+  }
+  if (dense_layers) mlp_bwd = std::max(mlp_bwd, 3 * ND + size_t(z.N) * 3 * z.I * z.s);
+  at(p, MemTag::activations) = kept + std::max({head, attn_bwd, mlp_bwd});
+
+  if (moe_layers) {
+    const AbsorbScores absorb = parse_absorb_scores(cfg.absorb, "--absorb-scores");
+    const bool absorbed = absorb != AbsorbScores::off;  // no TierMoE model has a postprocess
+    const MoeRematPlan rp = MoeRematPlan::make(
+        RematPolicy::parse(cfg.remat, "--remat").moe_keep(), absorbed,
+        /*weight_grads=*/!lora, /*post_norm=*/false, ExpertAdapted{lora_w13, lora_w2});
+    const MoeSavedBytes m = moe_saved(z, rp, absorbed, lora_w13, lora_w2);
+    at(p, MemTag::saved) = size_t(moe_layers) * m.kept + m.replay;
+  }
+  return p;
+}
+
+std::string MemoryPlan::table(const std::array<size_t, kNumMemTags>* measured) const {
+  std::ostringstream o;
+  for (size_t i = 0; i < kNumMemTags; ++i) {
+    char ratio[32] = "";
+    if (measured && (*measured)[i] > 0) {
+      std::snprintf(ratio, sizeof ratio, " (%.3fx)", double(peak[i]) / double((*measured)[i]));
+    }
+    o << "  " << mem_tag_name(MemTag(i)) << ": " << human(peak[i]);
+    if (measured) o << ", measured " << human((*measured)[i]) << ratio;
+    o << "\n";
+  }
+  o << "  total: " << human(total()) << " (" << total() << " bytes)\n";
+  return o.str();
+}
+
+nlohmann::json MemoryPlan::to_json(const std::array<size_t, kNumMemTags>* measured) const {
+  nlohmann::json j = {{"total", total()}};
+  for (size_t i = 0; i < kNumMemTags; ++i) {
+    nlohmann::json t = {{"predicted", peak[i]}};
+    if (measured) t["measured"] = (*measured)[i];
+    j[std::string(mem_tag_name(MemTag(i)))] = t;
+  }
+  return j;
+}
+
+std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfig& model,
+                                     std::optional<DType> stored, int ranks, size_t limit) {
+  std::vector<std::pair<size_t, std::string>> fits;
+  auto consider = [&](TrainConfig c, std::string what) {
+    const size_t t = plan_memory(c, model, stored, ranks).total();
+    if (t <= limit) fits.emplace_back(t, what + " (" + human(t) + ")");
+  };
+  for (const char* policy : {"default", "full"}) {
+    if (config.remat == policy) continue;
+    TrainConfig c = config;
+    c.remat = policy;
+    consider(c, str_of("--remat ", policy));
+  }
+  for (int64_t b = config.trainer.batch / 2; b >= 1; b /= 2) {
+    TrainConfig c = config;
+    c.trainer.batch = b;
+    c.trainer.grad_accum = config.trainer.grad_accum * (config.trainer.batch / b);
+    consider(c, str_of("--batch ", b, " --grad-accum ", c.trainer.grad_accum));
+    if (b == 1) break;
+  }
+  if (!config.lora) {
+    TrainConfig c = config;
+    c.lora = LoraConfig{};
+    consider(c, "LoRA instead of full fine-tuning (--lora-rank 8)");
+  }
+  if (config.dtype == DType::f32 && !config.lora) {
+    TrainConfig c = config;
+    c.dtype = DType::bf16;
+    consider(c, "--dtype bf16");
+  }
+  std::sort(fits.begin(), fits.end());
+  std::vector<std::string> out;
+  for (auto& [t, s] : fits) out.push_back(std::move(s));
+  return out;
+}
+
+size_t available_host_memory() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  size_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit) {
+    if (key == "MemAvailable:") return kb * 1024;
+  }
+  return 0;
+}
+
+}  // namespace tiermoe

@@ -1,0 +1,160 @@
+// The memory plan (train/memory_plan.h) against the measured peaks: every
+// tag within 10% on the tiny and small presets, LoRA and full fine-tuning,
+// several remat policies and dtypes; a LoRA run from a bf16 checkpoint puts
+// its matrices under `mapped`; a run that cannot fit --max-memory is refused
+// before the model is built, saying what would fit.
+#include <gtest/gtest.h>
+
+#include <cctype>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "io/test_safetensors_util.h"
+#include "tiermoe/core/parallel.h"
+#include "tiermoe/train/memory_plan.h"
+#include "tiermoe/train/trainer_session.h"
+
+namespace tiermoe {
+namespace {
+
+using testing::TempDir;
+using testing::throws_error_with;
+
+struct Case {
+  std::string preset;
+  bool lora;
+  DType dtype;
+  std::string remat;
+  int64_t batch, seq_len;
+};
+
+std::string case_name(const ::testing::TestParamInfo<Case>& i) {
+  const Case& c = i.param;
+  std::string remat = c.remat;
+  for (char& ch : remat) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  return c.preset + (c.lora ? "_lora_" : "_full_") + std::string(dtype_name(c.dtype)) + "_" +
+         remat + "_" + std::to_string(c.batch) + "x" + std::to_string(c.seq_len);
+}
+
+TrainConfig config_of(const Case& k) {
+  TrainConfig c;
+  c.preset = k.preset;
+  c.dtype = k.dtype;
+  c.seed = 3;
+  c.corpus_tokens = 1 << 14;
+  c.remat = k.remat;
+  c.trainer.steps = 2;
+  c.trainer.batch = k.batch;
+  c.trainer.seq_len = k.seq_len;
+  if (k.lora) {
+    c.lora = LoraConfig{};
+    c.lora->rank = 4;
+    c.lora->targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  }
+  return c;
+}
+
+// Every tag's prediction within 10% of the measured peak; a tag measured 0
+// is planned 0.
+void expect_within_10_percent(const nlohmann::json& plan, const std::string& what) {
+  for (size_t i = 0; i < kNumMemTags; ++i) {
+    const std::string tag(mem_tag_name(MemTag(i)));
+    const double predicted = plan.at(tag).at("predicted").get<double>();
+    const double measured = plan.at(tag).at("measured").get<double>();
+    if (measured == 0) {
+      EXPECT_EQ(predicted, 0) << what << ": " << tag;
+      continue;
+    }
+    EXPECT_NEAR(predicted / measured, 1.0, 0.10)
+        << what << ": " << tag << " predicted " << predicted << ", measured " << measured;
+  }
+}
+
+class MemoryPlanCases : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { set_num_threads(1); }
+  void TearDown() override { set_num_threads(0); }
+};
+
+TEST_P(MemoryPlanCases, EveryTagWithinTenPercentOfTheMeasuredPeak) {
+  const TrainSummary s = run_training(config_of(GetParam()), RunControl{});
+  ASSERT_FALSE(s.memory_plan.is_null());
+  expect_within_10_percent(s.memory_plan, case_name({GetParam(), 0}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, MemoryPlanCases,
+                         ::testing::Values(Case{"tiny", true, DType::f32, "none", 4, 64},
+                                           Case{"tiny", false, DType::f32, "none", 4, 64},
+                                           Case{"tiny", false, DType::bf16, "default", 4, 64},
+                                           Case{"tiny", true, DType::bf16, "full", 8, 32},
+                                           Case{"small", true, DType::f32, "none", 2, 128},
+                                           Case{"small", false, DType::f32, "none", 2, 128},
+                                           Case{"small", false, DType::bf16, "full", 2, 128},
+                                           Case{"small", true, DType::f32, "save-w2-only", 4, 64}),
+                         case_name);
+
+// A LoRA run from a bf16 checkpoint in f32: the matrices are planned (and
+// measured) under `mapped` at bf16 width, and `weights` holds no f32 copy.
+TEST(MemoryPlan, LoraFromABf16CheckpointPlansTheMatricesMapped) {
+  set_num_threads(1);
+  TempDir dir;
+  const ModelConfig mc = preset("tiny");
+  {
+    TrainConfig init = config_of({"tiny", false, DType::bf16, "none", 1, 8});
+    CausalLM model = build_model(init);
+    model.save_checkpoint(dir.path().string(), DType::bf16);
+  }
+  TrainConfig c = config_of({"tiny", true, DType::f32, "none", 4, 64});
+  c.model_dir = dir.path().string();
+  c.corpus_tokens = 1 << 14;
+  const TrainSummary s = run_training(c, RunControl{});
+  expect_within_10_percent(s.memory_plan, "tiny LoRA from bf16");
+  const MemoryPlan p = plan_memory(c, mc, DType::bf16);
+  size_t matrices = 0;
+  for (const HfTensor& t : hf_tensors(mc)) {
+    if (t.role != HfRole::norm && t.role != HfRole::router && t.role != HfRole::bias) {
+      matrices += size_t(shape_numel(t.shape));
+    }
+  }
+  EXPECT_EQ(p.peak[size_t(MemTag::mapped)], matrices * 2);
+  EXPECT_EQ(s.memory_plan.at("mapped").at("measured").get<size_t>(), matrices * 2);
+  set_num_threads(0);
+}
+
+// Refused before the model is built: the log has the plan and nothing after it.
+TEST(MemoryPlan, ARunThatCannotFitIsRefusedBeforeLoadingWithWhatWouldFit) {
+  TrainConfig c = config_of({"tiny", false, DType::f32, "none", 8, 64});
+  const size_t need = plan_memory(c, preset("tiny")).total();
+  std::ostringstream log;
+  RunControl control;
+  control.log = &log;
+  control.max_memory = need - 1;
+  try {
+    run_training(c, control);
+    FAIL() << "a run over --max-memory was not refused";
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("more than --max-memory"), std::string::npos) << what;
+    EXPECT_NE(std::string(e.hint()).find("it would fit with"), std::string::npos) << e.hint();
+  }
+  EXPECT_NE(log.str().find("memory plan"), std::string::npos) << log.str();
+  EXPECT_EQ(log.str().find("train: "), std::string::npos) << "the model was built: " << log.str();
+  // One byte more and it runs.
+  control.max_memory = need;
+  c.trainer.steps = 1;
+  EXPECT_NO_THROW(run_training(c, control));
+}
+
+TEST(MemoryPlan, NothingFitsSaysSo) {
+  TrainConfig c = config_of({"small", true, DType::f32, "none", 1, 16});
+  RunControl control;
+  control.max_memory = 1024;
+  EXPECT_TRUE(throws_error_with([&] { run_training(c, control); },
+                                {"more than --max-memory 1024", "no single change"}));
+}
+
+}  // namespace
+}  // namespace tiermoe
