@@ -11,8 +11,8 @@
 #include <string>
 
 #include "common/testing.h"
+#include "common/tier_runs.h"
 #include "ep/ep_env.h"
-#include "tiermoe/tier/cost_model.h"
 #include "tiermoe/train/tier_session.h"
 #include "tiermoe/train/trainer_config.h"
 
@@ -62,28 +62,6 @@ TrainConfig tiny_run(const Case& k) {
   return c;
 }
 
-// The CPU device with room for a few experts: some of this rank's rows run
-// there, the rest on the host, in the same step.
-TierRunConfig cpu_tier(const TrainConfig& run) {
-  const ModelConfig m = preset(run.preset);
-  const ExpertShape shape{m.hidden_size, m.moe_intermediate_size, run.dtype};
-  const TrainMode mode = run.lora ? TrainMode::lora : TrainMode::full;
-  TierRunConfig t;
-  t.device = "cpu";
-  t.device_memory =
-      bytes_workspace(shape, ExpertsConfig{}.dw_row_block) + 3 * bytes_resident(shape, mode);
-  t.placement = "device";
-  t.device_threads = 1;
-  CostModel cost;
-  cost.host_flops_per_s = 1e9;
-  cost.device_flops_per_s = 1e11;
-  cost.link_bytes_per_s = 1e10;
-  cost.launch_s = 1e-6;
-  cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
-  t.cost = cost;
-  return t;
-}
-
 std::map<std::string, const Parameter*> by_name(const std::vector<Parameter>& params) {
   std::map<std::string, const Parameter*> m;
   for (const Parameter& p : params) m[p.name] = &p;
@@ -105,7 +83,9 @@ TEST_P(EpTraining, StepsEqualOneRankBitwise) {
   ASSERT_EQ(ep.ep_ranks(), comm.size());
   std::unique_ptr<TierSession> tier;
   if (k.device_tier) {
-    tier = std::make_unique<TierSession>(cpu_tier(config), ep, !config.lora, nullptr);
+    tier = std::make_unique<TierSession>(
+        // Some of this rank's rows on the CPU device, the rest on the host.
+        testing::small_device_tier(config, "cpu", 3, "device"), ep, !config.lora, nullptr);
   }
   Trainer ep_trainer(ep, *data, config.trainer);
 

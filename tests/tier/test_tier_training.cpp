@@ -13,88 +13,22 @@
 #include <string>
 #include <tuple>
 
-#include "tiermoe/core/parallel.h"
-#include "tiermoe/io/model_config.h"
-#include "tiermoe/tier/cost_model.h"
-#include "tiermoe/tier/routing_profile.h"
-#include "tiermoe/train/trainer_session.h"
+#include "common/tier_runs.h"
+
 
 namespace tiermoe {
 namespace {
 
 namespace fs = std::filesystem;
 
-TrainConfig tiny_run(DType dtype, bool lora, const std::string& absorb) {
-  TrainConfig c;
-  c.preset = "tiny";
-  c.dtype = dtype;
-  c.seed = 11;
-  c.corpus_tokens = 4096;
-  c.absorb = absorb;
-  c.trainer.steps = 6;
-  c.trainer.batch = 4;
-  c.trainer.seq_len = 16;
-  c.trainer.schedule.base_lr = 3e-3;
-  c.trainer.schedule.warmup_steps = 0;
-  if (lora) c.lora = LoraConfig{};  // attention projections: the experts stay frozen
-  return c;
-}
-
-// A fast device with room for the workspace and a few experts, so the
-// planner keeps some experts resident and moves them as the routing settles.
-TierRunConfig cpu_tier(const TrainConfig& run, const std::string& profile_in) {
-  const ModelConfig m = preset(run.preset);
-  const ExpertShape shape{m.hidden_size, m.moe_intermediate_size, run.dtype};
-  const TrainMode mode = run.lora ? TrainMode::lora : TrainMode::full;
-  TierRunConfig t;
-  t.device = "cpu";
-  t.device_memory = bytes_workspace(shape, ExpertsConfig{}.dw_row_block) +
-                    5 * bytes_resident(shape, mode);  // 5 of the 16 experts
-  t.placement = "auto";
-  t.device_threads = 1;
-  t.horizon_steps = 1'000'000;  // any gain pays for a move...
-  t.min_gain = 0.0;             // ... so the placement follows the routing
-  t.profile_decay = 0.5;
-  t.profile_in = profile_in;
-  CostModel cost;
-  cost.host_flops_per_s = 1e9;
-  cost.device_flops_per_s = 1e11;
-  cost.link_bytes_per_s = 1e10;
-  cost.launch_s = 1e-6;
-  cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
-  t.cost = cost;
-  return t;
-}
-
 std::string read_bytes(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-class TierTraining : public ::testing::Test {
+class TierTraining : public testing::TrainingRunTest {
  protected:
-  void SetUp() override {
-    set_num_threads(2);
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_tier_training_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-    // A profile that is wrong on purpose (hot experts in reverse), so the
-    // first placement must be corrected once the real routing is seen.
-    RoutingProfile wrong = RoutingProfile::synthetic(2, 8, 128, 1.5, /*seed=*/99);
-    profile_ = (dir_ / "wrong_profile.json").string();
-    wrong.save(profile_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    set_num_threads(0);
-  }
-  TrainSummary train(const TrainConfig& c, const std::string& name) {
-    RunControl control;
-    control.out_dir = (dir_ / name).string();
-    return run_training(c, control);
-  }
+  TierTraining() : TrainingRunTest("tiermoe_tier_training_") {}
   // The exported weights (final/ or adapter/) of a run, every file's bytes.
   std::string exported(const TrainSummary& s) {
     std::string all;
@@ -104,8 +38,6 @@ class TierTraining : public ::testing::Test {
     EXPECT_FALSE(all.empty());
     return all;
   }
-  fs::path dir_;
-  std::string profile_;
 };
 
 struct Case {
@@ -120,9 +52,9 @@ TEST_F(TierTraining, DevicePathEqualsHostPathBitwise) {
                         Case{DType::bf16, false, "auto"}}) {
     const std::string what = std::string(dtype_name(k.dtype)) + (k.lora ? "_lora" : "_full") +
                              "_absorb_" + k.absorb;
-    const TrainConfig host_cfg = tiny_run(k.dtype, k.lora, k.absorb);
+    const TrainConfig host_cfg = testing::tiny_tier_run(k.dtype, k.lora, k.absorb);
     TrainConfig tier_cfg = host_cfg;
-    tier_cfg.tier = cpu_tier(tier_cfg, profile_);
+    tier_cfg.tier = testing::moving_device_tier(tier_cfg, "cpu", profile_);
     const TrainSummary host = train(host_cfg, "host_" + what);
     const TrainSummary tiered = train(tier_cfg, "tier_" + what);
 
@@ -148,7 +80,7 @@ TEST_F(TierTraining, DevicePathEqualsHostPathBitwise) {
 // (mapped from the shard, train/trainer_config.h): the device holds them
 // widened and must still give the host's bits.
 TEST_F(TierTraining, StoredWidthExpertsOnTheDeviceEqualTheHostBitwise) {
-  const TrainConfig base = tiny_run(DType::f32, true, "auto");
+  const TrainConfig base = testing::tiny_tier_run(DType::f32, true, "auto");
   TrainConfig init = base;
   init.dtype = DType::bf16;
   init.lora.reset();
@@ -156,7 +88,7 @@ TEST_F(TierTraining, StoredWidthExpertsOnTheDeviceEqualTheHostBitwise) {
   TrainConfig host_cfg = base;
   host_cfg.model_dir = (dir_ / "bf16").string();
   TrainConfig tier_cfg = host_cfg;
-  tier_cfg.tier = cpu_tier(tier_cfg, profile_);
+  tier_cfg.tier = testing::moving_device_tier(tier_cfg, "cpu", profile_);
   const TrainSummary host = train(host_cfg, "host");
   const TrainSummary tiered = train(tier_cfg, "tier");
   ASSERT_EQ(host.losses.size(), tiered.losses.size());
@@ -169,10 +101,10 @@ TEST_F(TierTraining, StoredWidthExpertsOnTheDeviceEqualTheHostBitwise) {
 }
 
 TEST_F(TierTraining, ResumeWithTheTierPlacesFromTheCheckpointsProfile) {
-  const TrainConfig host_cfg = tiny_run(DType::f32, false, "auto");
+  const TrainConfig host_cfg = testing::tiny_tier_run(DType::f32, false, "auto");
   const TrainSummary host = train(host_cfg, "host");
   TrainConfig cfg = host_cfg;
-  cfg.tier = cpu_tier(cfg, /*profile_in=*/"");
+  cfg.tier = testing::moving_device_tier(cfg, "cpu", /*profile_in=*/"");
   RunControl first{.out_dir = (dir_ / "split").string(), .stop_after = 3};
   run_training(cfg, first);
   const std::string metrics = (dir_ / "resumed.jsonl").string();
@@ -197,7 +129,7 @@ TEST_F(TierTraining, ResumeWithTheTierPlacesFromTheCheckpointsProfile) {
 }
 
 TEST_F(TierTraining, DeviceFaultsChangeNoResult) {
-  const TrainConfig host_cfg = tiny_run(DType::f32, false, "auto");
+  const TrainConfig host_cfg = testing::tiny_tier_run(DType::f32, false, "auto");
   const TrainSummary host = train(host_cfg, "host");
   struct Fault {
     const char* name;
@@ -208,7 +140,7 @@ TEST_F(TierTraining, DeviceFaultsChangeNoResult) {
   // sums, each). Launch 40 falls in the first steps.
   for (const Fault& f : {Fault{"oom", {.fail_alloc = 3}}, Fault{"launch", {.fail_launch = 40}}}) {
     TrainConfig cfg = host_cfg;
-    cfg.tier = cpu_tier(cfg, profile_);
+    cfg.tier = testing::moving_device_tier(cfg, "cpu", profile_);
     cfg.tier.faults = f.faults;
     const TrainSummary tiered = train(cfg, std::string("tier_") + f.name);
     for (size_t i = 0; i < host.losses.size(); ++i) {
