@@ -1,5 +1,7 @@
 #include "tiermoe/model/moe_block.h"
 
+#include "tiermoe/moe/expert_kernels.h"
+
 namespace tiermoe {
 
 namespace {
@@ -77,7 +79,9 @@ MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& d
       first_expert_(experts_.config().num_experts * dispatcher.rank()),
       total_experts_(config.num_experts),
       executor_(experts_),
-      layer_(layer_config(name), &router_, dispatcher, executor_) {}
+      layer_(layer_config(name), &router_, dispatcher, executor_) {
+  experts_.packs().set_enabled(!experts_grad_);  // as set_experts_requires_grad says
+}
 
 MoeBlock::~MoeBlock() = default;
 
@@ -85,6 +89,12 @@ void MoeBlock::set_experts_requires_grad(bool on) {
   // Expert grads are allocated on first use (backward, params()).
   experts_grad_ = on;
   if (!on) experts_.free_grads();
+  // Only frozen experts run on the grouped kernels (moe/expert_kernels.h):
+  // trainable ones change at every optimizer step, and re-packing all of a
+  // layer's weights each step cost more than the kernels saved (full
+  // fine-tuning at Qwen3-30B-A3B shapes ran at 0.57-0.95x of one GEMM per
+  // expert, README: Performance). Both give the same bits.
+  experts_.packs().set_enabled(!on);
 }
 
 void MoeBlock::set_moe_options(AbsorbScores absorb, const MoeRegionKeep& keep) {

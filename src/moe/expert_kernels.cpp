@@ -2,6 +2,8 @@
 
 #include <chrono>
 
+#include "tiermoe/core/bounds.h"
+
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/expert_math.h"
 
@@ -12,7 +14,31 @@ bool ExpertPacks::applies(const GroupedExperts& experts) {
   const DType dt = experts.dtype();
   return experts.packs().enabled() && cfg.kernels == KernelSet::cpu &&
          (dt == DType::f32 || dt == DType::bf16) &&
-         !experts.adapter() && !cfg.post_norm && cpu_isa() != CpuIsa::onednn;
+         // Weights bound one expert at a time, or stored narrower than the
+         // run (a mapped bf16 checkpoint in an f32 run), take expert_math.h's
+         // per-expert (mixed-width) products.
+         !experts.weights_per_expert() && experts.param("w13").dtype() == dt &&
+         experts.param("w2").dtype() == dt &&
+         !experts.adapter() && !cfg.post_norm && cpu_isa() != CpuIsa::onednn &&
+         experts.packs().fits_host_memory(experts);
+}
+
+bool ExpertPacks::fits_host_memory(const GroupedExperts& experts) {
+  std::lock_guard lock(mutex_);
+  if (!checked_) {
+    const uint64_t stacks = uint64_t(experts.param("w13").nbytes() + experts.param("w2").nbytes());
+    refused_ = !packs_fit(stacks, host_memory_available());
+    checked_ = true;
+  }
+  return !refused_;
+}
+
+bool ExpertPacks::packs_fit(uint64_t stack_bytes, uint64_t available) {
+  // Four packs: W13 and W2, each in a forward and a dx layout, of about the
+  // stack's bytes each (bf16 stays bf16, f32 stays f32); a panel's zero
+  // padding adds a few percent, hence the quarter on top.
+  const uint64_t need = 2 * stack_bytes + stack_bytes / 4;
+  return need <= available / 2;
 }
 
 const PackedWeights& ExpertPacks::get(const GroupedExperts& experts, ExpertPack which) {

@@ -43,12 +43,25 @@ enum class ExpertPack : uint8_t { w13_glu, w2, w13_dx, w2_dx };
 class ExpertPacks {
  public:
   // Whether the grouped kernels run these experts now: cpu kernels, f32 or
-  // bf16, no adapter, no postprocess, a TierMoE ISA (not onednn), and not
-  // turned off here.
+  // bf16 weights stored as the run computes, no adapter, no postprocess, a
+  // TierMoE ISA (not onednn), not turned off here, and packed copies that fit
+  // (fits_host_memory).
   static bool applies(const GroupedExperts& experts);
-  // Off: these experts keep one GEMM per expert (a benchmark's baseline).
+  // Off: these experts keep one GEMM per expert (a benchmark's baseline, and
+  // trainable experts: model/moe_block.h).
   void set_enabled(bool on) { enabled_ = on; }
   bool enabled() const { return enabled_; }
+  // The packed copies hold about twice the experts' weight bytes (a forward
+  // and a dx layout of each stack) beside the weights. Before the first pack
+  // they must fit in half the host memory available then; otherwise these
+  // experts stay on one GEMM per expert for good (same bits, slower), rather
+  // than a frozen model far larger than its grouped speed-up is worth running
+  // the host out of memory. Decided once; `pack_refused()` says it was no.
+  bool fits_host_memory(const GroupedExperts& experts);
+  bool pack_refused() const { return refused_; }
+  // The rule: packs of stacks of `stack_bytes` (W13 and W2 together) fit
+  // when about 2.25x that is at most half of `available`.
+  static bool packs_fit(uint64_t stack_bytes, uint64_t available);
   // The stack packed for `which`, packed on first use and again when the
   // weights' version or the process's ISA changed. Thread-safe; the result
   // stays valid until the next weight change.
@@ -65,6 +78,7 @@ class ExpertPacks {
   Slot slots_[4];
   ExpertPackStats stats_;
   bool enabled_ = true;
+  bool checked_ = false, refused_ = false;
 };
 
 // The rows of every expert not in skip_E (one flag per expert, or empty):
