@@ -39,7 +39,7 @@ HostMemoryEstimate estimate_host_memory(const ModelConfig& c, const RunMemorySha
   const int64_t acc = run.dtype == DType::f64 ? 8 : 4;
 
   HostMemoryEstimate e;
-  e.weights = uint64_t(mul({params, value}));
+  e.weights = run.weights_mapped ? 0 : uint64_t(mul({params, value}));
   if (run.full_ft) {
     e.grads = uint64_t(mul({params, acc}));
     const int64_t masters = run.optimizer_states + (run.dtype == DType::bf16 ? 1 : 0);

@@ -288,15 +288,5 @@ std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfi
   return out;
 }
 
-size_t available_host_memory() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  size_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit) {
-    if (key == "MemAvailable:") return kb * 1024;
-  }
-  return 0;
-}
 
 }  // namespace tiermoe

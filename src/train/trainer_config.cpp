@@ -153,8 +153,9 @@ CausalLM random_model(const TrainConfig& c, Comm* comm) {
   return model;
 }
 
-// Before the first tensor is allocated: the model, its gradients and
-// optimizer state, and one micro-batch's activations must fit the host.
+
+}  // namespace
+
 void check_fits_host(const TrainConfig& c, int ranks) {
   const bool from_preset = c.model_dir.empty();
   const ModelConfig model =
@@ -168,6 +169,7 @@ void check_fits_host(const TrainConfig& c, int ranks) {
   run.tokens = checked_mul(t.batch, t.seq_len, "--batch x --seq-len", "--batch");
   run.lm_head_chunk = c.lm_head_chunk;
   run.ranks = ranks;
+  run.weights_mapped = c.lora && !from_preset;  // build_model binds them mapped
   const std::string where = from_preset
                                 ? str_of("--preset ", c.preset,
                                          c.layers ? str_of(" --layers ", *c.layers) : std::string())
@@ -178,8 +180,6 @@ void check_fits_host(const TrainConfig& c, int ranks) {
              c.lora ? "" : "train LoRA adapters (--lora-rank) instead of --full, ",
              "use a smaller --batch or --seq-len, or a machine with more memory"));
 }
-
-}  // namespace
 
 CausalLM build_model(const TrainConfig& c, Comm* comm, ProgressSink progress) {
   c.validate();

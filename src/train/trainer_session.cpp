@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/train/checkpoint.h"
@@ -72,6 +73,8 @@ std::optional<DType> stored_matrix_dtype(const TrainConfig& c) {
 
 // Logs the plan and refuses a run it says cannot fit, before anything is loaded.
 MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunControl& control) {
+  // What no plan could fit is refused first, naming the model and the flags.
+  check_fits_host(config, ranks);
   const ModelConfig model = config.model_dir.empty() ? preset(config.preset, config.layers)
                                                      : load_model_config(config.model_dir);
   const std::optional<DType> stored = stored_matrix_dtype(config);
@@ -81,8 +84,9 @@ MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunCont
                  << "):\n"
                  << plan.table();
   }
-  const size_t limit = control.max_memory ? size_t(control.max_memory) : available_host_memory();
-  if (limit == 0 || plan.total() <= limit) return plan;
+  // Unknown available memory (no /proc/meminfo, no sysconf) refuses nothing.
+  const uint64_t limit = control.max_memory ? control.max_memory : host_memory_available();
+  if (plan.total() <= limit) return plan;
   std::string hint;
   for (const std::string& way : ways_to_fit(config, model, stored, ranks, limit)) {
     hint += (hint.empty() ? "it would fit with " : "; or ") + way;

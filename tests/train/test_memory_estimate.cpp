@@ -46,6 +46,9 @@ TEST(MemoryEstimate, CountsWeightsGradientsAndOptimizerStateByMode) {
 
   lora.ranks = 2;  // each rank holds half the experts
   EXPECT_EQ(estimate_host_memory(c, lora, "here").weights, 4 * (P - uint64_t(n.experts) / 2));
+
+  lora.weights_mapped = true;  // a checkpoint's frozen pages: none certain to be resident
+  EXPECT_EQ(estimate_host_memory(c, lora, "here").weights, 0u);
 }
 
 TEST(MemoryEstimate, AHugeBatchOverflowsIntoAnErrorNotAWrappedSize) {

@@ -23,6 +23,10 @@ struct RunMemoryShape {
   int64_t tokens = 0;         // per micro-batch (batch x seq_len)
   int64_t lm_head_chunk = 0;  // token rows per LM-head chunk (0: all)
   int ranks = 1;              // expert parallel: each rank holds E / ranks experts
+  // LoRA from a checkpoint: the frozen weights are the shards' memory-mapped
+  // pages (checkpoint.h, WeightBinding::mapped), which the kernel can evict
+  // and read again, so none of their bytes is certain to be resident.
+  bool weights_mapped = false;
 };
 
 struct HostMemoryEstimate {

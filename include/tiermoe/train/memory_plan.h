@@ -67,7 +67,4 @@ MemoryPlan plan_memory(const TrainConfig& config, const ModelConfig& model,
 std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfig& model,
                                      std::optional<DType> stored, int ranks, size_t limit);
 
-// MemAvailable of /proc/meminfo in bytes; 0 when it cannot be read.
-size_t available_host_memory();
-
 }  // namespace tiermoe

@@ -64,6 +64,12 @@ struct TrainConfig {
 // parallel (causal_lm.h): this rank builds and loads its experts only.
 CausalLM build_model(const TrainConfig& config, Comm* comm = nullptr, ProgressSink progress = {});
 
+// Before the first tensor is allocated: refuses a run whose model, gradients,
+// optimizer state and one micro-batch's activations (a lower bound,
+// model/memory_estimate.h) exceed the host's available memory, naming the
+// model and what would help. build_model runs it; so does the memory plan.
+void check_fits_host(const TrainConfig& config, int ranks);
+
 // The training rows, validated against the model's vocabulary: token
 // windows, or SFT rows (packed or padded with the config's pad token). With
 // the built-in corpus, `corpus` is set to the chain (for its loss floor).
