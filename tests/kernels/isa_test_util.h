@@ -1,5 +1,9 @@
 #pragma once
 // Running a test on one of the machine's GEMM ISAs (kernels/cpu_isa.h).
+#include <gtest/gtest.h>
+
+#include <optional>
+
 #include "tiermoe/kernels/cpu_isa.h"
 
 namespace tiermoe::testing {
@@ -12,6 +16,24 @@ class ScopedIsa {
 
  private:
   CpuIsa saved_;
+};
+
+// A test parameterised over cases that each name an ISA (`Case::isa`): it runs
+// on that ISA, or skips saying why the machine cannot run it.
+template <class Case>
+class IsaTest : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override {
+    const CpuIsa isa = this->GetParam().isa;
+    if (!cpu_isa_supported(isa)) {
+      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
+    }
+    scoped_.emplace(isa);
+  }
+  void TearDown() override { scoped_.reset(); }
+
+ private:
+  std::optional<ScopedIsa> scoped_;
 };
 
 }  // namespace tiermoe::testing

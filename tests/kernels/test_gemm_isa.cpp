@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 
 #include <bit>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -59,20 +58,7 @@ std::vector<IsaCase> all_cases() {
 }
 
 
-class GemmIsa : public ::testing::TestWithParam<IsaCase> {
- protected:
-  void SetUp() override {
-    const CpuIsa isa = GetParam().isa;
-    if (!cpu_isa_supported(isa)) {
-      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
-    }
-    scoped_.emplace(isa);
-  }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<ScopedIsa> scoped_;
-};
+using GemmIsa = testing::IsaTest<IsaCase>;
 
 INSTANTIATE_TEST_SUITE_P(Isa, GemmIsa, ::testing::ValuesIn(all_cases()), case_name);
 

@@ -6,7 +6,6 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -61,17 +60,8 @@ std::vector<int64_t> offsets(const std::vector<int64_t>& rows) {
   return o;
 }
 
-class GroupedIsa : public ::testing::TestWithParam<Case> {
+class GroupedIsa : public testing::IsaTest<Case> {
  protected:
-  void SetUp() override {
-    const CpuIsa isa = GetParam().isa;
-    if (!cpu_isa_supported(isa)) {
-      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
-    }
-    scoped_.emplace(isa);
-  }
-  void TearDown() override { scoped_.reset(); }
-
   // The layer under test: G groups of W13 [2F, D] and W2 [D, F], biases,
   // scores, inputs for kRows rows per group.
   struct Layer {
@@ -95,9 +85,6 @@ class GroupedIsa : public ::testing::TestWithParam<Case> {
     for (int64_t n = 0; n < l.N; ++n) l.score.set(n, rng.uniform(0.05, 1.0));
     return l;
   }
-
- private:
-  std::optional<ScopedIsa> scoped_;
 };
 
 INSTANTIATE_TEST_SUITE_P(Isa, GroupedIsa, ::testing::ValuesIn(all_cases()), case_name);

@@ -5,7 +5,6 @@
 // weights follow the weights.
 #include <gtest/gtest.h>
 
-#include <optional>
 #include <utility>
 #include <string>
 #include <vector>
@@ -59,20 +58,7 @@ struct Outputs {
   std::vector<Tensor> grads;
 };
 
-class ExpertKernels : public ::testing::TestWithParam<Case> {
- protected:
-  void SetUp() override {
-    const CpuIsa isa = GetParam().isa;
-    if (!cpu_isa_supported(isa)) {
-      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
-    }
-    scoped_.emplace(isa);
-  }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<ScopedIsa> scoped_;
-};
+using ExpertKernels = testing::IsaTest<Case>;
 
 INSTANTIATE_TEST_SUITE_P(Isa, ExpertKernels, ::testing::ValuesIn(all_cases()), case_name);
 

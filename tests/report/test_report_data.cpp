@@ -11,12 +11,12 @@
 #include <sstream>
 #include <string>
 
+#include "common/tier_runs.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/report/html_report.h"
 #include "tiermoe/report/report_data.h"
-#include "tiermoe/tier/cost_model.h"
 #include "tiermoe/tier/routing_profile.h"
 #include "tiermoe/train/trainer_session.h"
 
@@ -27,7 +27,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 // The tiny preset with a CPU device holding a few experts, rates fixed so
-// the placement follows the routing (tests/tier/test_tier_training.cpp).
+// the placement follows the routing (tests/common/tier_runs.h).
 TrainConfig tiered_run() {
   TrainConfig c;
   c.preset = "tiny";
@@ -37,23 +37,7 @@ TrainConfig tiered_run() {
   c.trainer.batch = 4;
   c.trainer.seq_len = 16;
   c.trainer.schedule.warmup_steps = 2;
-  const ModelConfig m = preset(c.preset);
-  const ExpertShape shape{m.hidden_size, m.moe_intermediate_size, c.dtype};
-  TierRunConfig& t = c.tier;
-  t.device = "cpu";
-  t.device_memory = bytes_workspace(shape, ExpertsConfig{}.dw_row_block) +
-                    5 * bytes_resident(shape, TrainMode::full);
-  t.device_threads = 1;
-  t.horizon_steps = 1'000'000;
-  t.min_gain = 0.0;
-  t.profile_decay = 0.5;
-  CostModel cost;
-  cost.host_flops_per_s = 1e9;
-  cost.device_flops_per_s = 1e11;
-  cost.link_bytes_per_s = 1e10;
-  cost.launch_s = 1e-6;
-  cost.buckets = bucket_ladder(16, ExpertsConfig{}.dw_row_block);
-  t.cost = cost;
+  c.tier = testing::moving_device_tier(c, "cpu", /*profile_in=*/"");
   return c;
 }
 

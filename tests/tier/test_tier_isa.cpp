@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -117,20 +116,7 @@ void expect_parity(Variant variant, DType dt, Shape3 s, const std::vector<int64_
   }
 }
 
-class TierIsa : public ::testing::TestWithParam<Case> {
- protected:
-  void SetUp() override {
-    const CpuIsa isa = GetParam().isa;
-    if (!cpu_isa_supported(isa)) {
-      GTEST_SKIP() << "ISA " << cpu_isa_name(isa) << " not run: " << cpu_isa_missing(isa);
-    }
-    scoped_.emplace(isa);
-  }
-  void TearDown() override { scoped_.reset(); }
-
- private:
-  std::optional<ScopedIsa> scoped_;
-};
+using TierIsa = testing::IsaTest<Case>;
 
 INSTANTIATE_TEST_SUITE_P(Isa, TierIsa, ::testing::ValuesIn(all_cases()), case_name);
 
