@@ -16,6 +16,7 @@
 #include "commands.h"
 #include "flag_bounds.h"
 #include "tiermoe/core/bounds.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/io/model_config.h"
@@ -88,18 +89,6 @@ NamedTensors make_shard(const std::vector<HfTensor>& tensors, const std::vector<
     }
   });
   return named;
-}
-
-void write_text_atomic(const fs::path& path, const std::string& text) {
-  fs::path tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.flush();
-    TIERMOE_CHECK(out.good(), "cannot write file", tmp.string(), "check free disk space");
-  }
-  fs::rename(tmp, path);
 }
 
 // Refuses to overwrite a checkpoint without --force. Files of an earlier
@@ -193,7 +182,7 @@ void run_init(const InitOptions& o) {
     }
     nlohmann::json index = {{"metadata", {{"total_size", total_bytes}}},
                             {"weight_map", std::move(weight_map)}};
-    write_text_atomic(out / "model.safetensors.index.json", index.dump(2) + "\n");
+    write_file_atomic((out / "model.safetensors.index.json").string(), index.dump(2) + "\n");
   }
   meter.finish();
   // config.json goes last: a directory with a config.json is a finished checkpoint.

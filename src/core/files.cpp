@@ -6,6 +6,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "tiermoe/core/error.h"
 
@@ -51,6 +53,26 @@ int open_regular_file(const std::string& path, const std::string& what, const st
   }
   ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) & ~O_NONBLOCK);
   return fd;
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  const std::string tmp = path + ".tmp";
+  std::error_code ec;
+  try {
+    {
+      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+      TIERMOE_CHECK(out.good(), "cannot open for writing", tmp,
+                    "check the directory exists and is writable");
+      out.write(bytes.data(), std::streamsize(bytes.size()));
+      out.flush();
+      TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
+    }
+    std::filesystem::rename(tmp, path, ec);
+    TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
+  } catch (...) {
+    std::filesystem::remove(tmp, ec);
+    throw;
+  }
 }
 
 }  // namespace tiermoe

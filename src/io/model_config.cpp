@@ -260,20 +260,6 @@ void parse_olmoe(const FieldReader& f, ModelConfig& c) {
   c.pad_token_id = token_id(f, "pad_token_id", 1);
 }
 
-void write_file_atomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TIERMOE_CHECK(out.good(), "cannot open for writing", tmp, "check the directory exists and is writable");
-    out << text;
-    out.flush();
-    TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
-}
-
 }  // namespace
 std::string_view torch_dtype_name(DType dtype) {
   switch (dtype) {

@@ -293,21 +293,6 @@ std::vector<int32_t> read_llmc(Reader& r, const std::string& path) {
   return read_payload(r, dt, uint64_t(ntok), path);
 }
 
-void write_file_atomic(const std::string& path, const std::string& bytes) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TIERMOE_CHECK(out.good(), "cannot open for writing", tmp,
-                  "check the directory exists and is writable");
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    out.flush();
-    TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
-}
-
 // Appends the tokens as `dt`, checking each fits.
 void append_tokens(std::string& out, std::span<const int32_t> tokens, TokenDType dt,
                    const std::string& path) {

@@ -8,6 +8,7 @@
 #include <numeric>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/core/random.h"
 
 namespace tiermoe {
@@ -195,24 +196,7 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
 }
 
 void RoutingProfile::save(const std::string& path) const {
-  const std::string tmp = path + ".tmp";
-  std::error_code ec;
-  try {
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      TIERMOE_CHECK(out.good(), "cannot open for writing", tmp,
-                    "check the directory exists and is writable");
-      out << to_json() << "\n";
-      out.flush();
-      TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
-    }
-    std::filesystem::rename(tmp, path, ec);
-    TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
-  } catch (...) {
-    // A failed write (a full disk) leaves nothing beside `path`, which is untouched.
-    std::filesystem::remove(tmp, ec);
-    throw;
-  }
+  write_file_atomic(path, to_json() + "\n");
 }
 
 RoutingProfile RoutingProfile::load(const std::string& path) {
