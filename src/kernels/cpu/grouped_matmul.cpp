@@ -95,15 +95,21 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
     gemm::pack_b(uk, src, 0, valid, k0, kc, Kb,
                  dst + g * group_bytes + p * panel + gemm::b_panel_bytes(uk, k0));
   };
-  // K in the driver's kc steps, outside the panels: a step's source lines of
-  // a run of panels stay in L1 (in the dx layout successive panels read the
-  // next bytes of the same lines). The layout is the same as one pass.
+  // The order follows the source's contiguous runs, so the weights stream
+  // from memory once with few concurrent streams (packing is bound by
+  // reading them). Forward: a panel's nr lines are nr weight rows, each read
+  // whole. dx: a panel's lines are columns, so a group is packed in short
+  // steps of K (weight rows): each step's rows are read 32 bytes per panel,
+  // panel after panel, and stay in L1 meanwhile. A panel over all of K is the
+  // concatenation of its steps (microkernel.h), so both give one layout.
+  const int64_t k_step = dx ? round_up(32, uk.k_step) : Kp;
   parallel_for(G * panels, 1, [&](int64_t t0, int64_t t1) {
-    for (int64_t k0 = 0; k0 < Kp; k0 += gemm::kKc) {
-      const int64_t kc = std::min(gemm::kKc, Kp - k0);
-      for (int64_t t = t0; t < t1; ++t) {
-        pack_panel(t, k0, kc);
+    for (int64_t g0 = t0; g0 < t1;) {
+      const int64_t g1 = std::min(t1, (g0 / panels + 1) * panels);  // this group's items
+      for (int64_t k0 = 0; k0 < Kp; k0 += k_step) {
+        for (int64_t t = g0; t < g1; ++t) pack_panel(t, k0, std::min(k_step, Kp - k0));
       }
+      g0 = g1;
     }
   });
 }

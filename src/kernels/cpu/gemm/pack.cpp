@@ -20,29 +20,78 @@ D convert(S v) {
   }
 }
 
-// dst[idx(x, k)] = src(x0 + x, k0 + k) for x < n valid lines (rows of A,
-// columns of B), k < kv valid, with (line, k) at src[line * ls + k * ks].
-// k runs outside and the lines inside, so the writes of one k are
-// contiguous; the reads are n streams along k (a weight's rows in the
-// forward) or one contiguous run (its columns in dx).
-template <class D, class S, class Idx>
-void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0, int64_t kv,
-                D* dst, Idx idx) {
+// Where a packed layout puts (line x, k) (a line is a row of A or a column of
+// B): every layout of microkernel.h is a sum of a line part and a k part,
+//   line part  lines [0, split) at x * stride, lines [split, n) at
+//              (x - split) * stride + 1 (bf16_split's high halves; split = n
+//              elsewhere)
+//   k part     k * k_mul, or with pairs (k >> 1) * k_mul + (k & 1)
+// so the packing loops below are affine in both and carry no per-element
+// branch.
+struct Layout {
+  int64_t stride = 1, split = 0, k_mul = 0;
+  bool pairs = false;
+};
+
+// dst[place(x, k)] = src(x0 + x, k0 + k) for x < n valid lines, k < kv
+// valid, with (line, k) at src[line * ls + k * ks]. The loop order follows
+// the source: when k is contiguous within a line (a weight's rows in the
+// forward) each line is read as one run, otherwise (its columns in dx, rows
+// of activations' A operand) each k's lines are. Either way the writes land
+// in one panel, which stays in L1.
+template <bool Pairs, class D, class S>
+void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0,
+                int64_t kv, D* dst, const Layout& l) {
   const S* base = src + x0 * ls + k0 * ks;
-  for (int64_t k = 0; k < kv; ++k) {
-    const S* at_k = base + k * ks;
-    for (int64_t x = 0; x < n; ++x) dst[idx(x, k)] = convert<D>(at_k[x * ls]);
+  auto k_part = [&](int64_t k) { return Pairs ? (k >> 1) * l.k_mul + (k & 1) : k * l.k_mul; };
+  const int64_t lo = std::min(n, l.split);
+  // The two line ranges: [first, last) placed from `offset` on.
+  const struct {
+    int64_t first, last, offset;
+  } ranges[2] = {{0, lo, 0}, {lo, n, 1}};
+  for (const auto& r : ranges) {
+    if (r.first >= r.last) continue;
+    if (ks == 1) {
+      for (int64_t x = r.first; x < r.last; ++x) {
+        const S* line = base + x * ls;
+        D* out = dst + (x - r.first) * l.stride + r.offset;
+        for (int64_t k = 0; k < kv; ++k) out[k_part(k)] = convert<D>(line[k]);
+      }
+    } else {
+      for (int64_t k = 0; k < kv; ++k) {
+        const S* at_k = base + k * ks + r.first * ls;
+        D* out = dst + k_part(k) + r.offset;
+        for (int64_t x = 0; x < r.last - r.first; ++x) out[x * l.stride] = convert<D>(at_k[x * ls]);
+      }
+    }
   }
 }
 
-// Calls fn(typed source pointer) for the microkernel's input dtype.
-template <class Fn>
-void with_source(const Microkernel& uk, const void* p, Fn&& fn) {
-  if (uk.in == DType::f32) {
-    fn(static_cast<const float*>(p));
+template <class D, class S>
+void pack_as(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0, int64_t kv,
+             void* dst, const Layout& l) {
+  if (l.pairs) {
+    pack_lines<true>(src, ls, ks, x0, n, k0, kv, static_cast<D*>(dst), l);
   } else {
-    TIERMOE_ASSERT(uk.in == DType::bf16);
-    fn(static_cast<const uint16_t*>(p));
+    pack_lines<false>(src, ls, ks, x0, n, k0, kv, static_cast<D*>(dst), l);
+  }
+}
+
+// Packs with the microkernel's input dtype: f32 destinations take f32 or
+// widened bf16 sources, bf16 ones only bf16.
+void pack_typed(const Microkernel& uk, const void* p, bool f32_dst, int64_t ls, int64_t ks,
+                int64_t x0, int64_t n, int64_t k0, int64_t kv, void* dst, const Layout& l) {
+  if (uk.in == DType::f32) {
+    TIERMOE_ASSERT(f32_dst, "f32 inputs need an f32 layout");
+    pack_as<float>(static_cast<const float*>(p), ls, ks, x0, n, k0, kv, dst, l);
+    return;
+  }
+  TIERMOE_ASSERT(uk.in == DType::bf16);
+  const auto* src = static_cast<const uint16_t*>(p);
+  if (f32_dst) {
+    pack_as<float>(src, ls, ks, x0, n, k0, kv, dst, l);
+  } else {
+    pack_as<uint16_t>(src, ls, ks, x0, n, k0, kv, dst, l);
   }
 }
 
@@ -52,61 +101,39 @@ void pack_a(const Microkernel& uk, const Mat& a, int64_t i0, int64_t rows, int64
             int64_t K, void* dst) {
   const int64_t mr = uk.mr, kv = std::clamp<int64_t>(K - k0, 0, kc);
   if (rows < mr || kv < kc) std::memset(dst, 0, size_t(a_panel_bytes(uk, kc)));
-  with_source(uk, a.p, [&]<class S>(const S* src) {
-    switch (uk.a) {
-      case APack::f32_kmajor:
-        pack_lines(src, a.rs, a.cs, i0, rows, k0, kv, static_cast<float*>(dst),
-                   [mr](int64_t r, int64_t k) { return k * mr + r; });
-        return;
-      case APack::bf16_pairs:
-        if constexpr (std::is_same_v<S, uint16_t>) {
-          pack_lines(src, a.rs, a.cs, i0, rows, k0, kv, static_cast<uint16_t*>(dst),
-                     [mr](int64_t r, int64_t k) { return ((k >> 1) * mr + r) * 2 + (k & 1); });
-          return;
-        }
-        break;
-      case APack::bf16_rows:
-        if constexpr (std::is_same_v<S, uint16_t>) {
-          pack_lines(src, a.rs, a.cs, i0, rows, k0, kv, static_cast<uint16_t*>(dst),
-                     [kc](int64_t r, int64_t k) { return r * kc + k; });
-          return;
-        }
-        break;
-    }
-    TIERMOE_ASSERT(false, "A layout needs bf16 inputs");
-  });
+  Layout l{.split = rows};
+  switch (uk.a) {
+    case APack::f32_kmajor:  // [kc][mr]
+      l.stride = 1, l.k_mul = mr;
+      break;
+    case APack::bf16_pairs:  // [kc/2][mr][2]
+      l.stride = 2, l.k_mul = 2 * mr, l.pairs = true;
+      break;
+    case APack::bf16_rows:  // [mr][kc]
+      l.stride = kc, l.k_mul = 1;
+      break;
+  }
+  pack_typed(uk, a.p, uk.a == APack::f32_kmajor, a.rs, a.cs, i0, rows, k0, kv, dst, l);
 }
 
 void pack_b(const Microkernel& uk, const Mat& b, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
             int64_t K, void* dst) {
-  const int64_t nr = uk.nr, half = nr / 2, kv = std::clamp<int64_t>(K - k0, 0, kc);
+  const int64_t nr = uk.nr, kv = std::clamp<int64_t>(K - k0, 0, kc);
   if (cols < nr || kv < kc) std::memset(dst, 0, size_t(b_panel_bytes(uk, kc)));
-  // B(k, j) = p[k * rs + j * cs]: a column j is a "line" with stride cs.
-  with_source(uk, b.p, [&]<class S>(const S* src) {
-    switch (uk.b) {
-      case BPack::f32:
-        pack_lines(src, b.cs, b.rs, j0, cols, k0, kv, static_cast<float*>(dst),
-                   [nr](int64_t j, int64_t k) { return k * nr + j; });
-        return;
-      case BPack::bf16_split:
-        if constexpr (std::is_same_v<S, uint16_t>) {
-          pack_lines(src, b.cs, b.rs, j0, cols, k0, kv, static_cast<uint16_t*>(dst),
-                     [half](int64_t j, int64_t k) {
-                       return j < half ? (k * half + j) * 2 : (k * half + j - half) * 2 + 1;
-                     });
-          return;
-        }
-        break;
-      case BPack::bf16_pairs:
-        if constexpr (std::is_same_v<S, uint16_t>) {
-          pack_lines(src, b.cs, b.rs, j0, cols, k0, kv, static_cast<uint16_t*>(dst),
-                     [nr](int64_t j, int64_t k) { return ((k >> 1) * nr + j) * 2 + (k & 1); });
-          return;
-        }
-        break;
-    }
-    TIERMOE_ASSERT(false, "B layout needs bf16 inputs");
-  });
+  Layout l{.split = cols};
+  switch (uk.b) {
+    case BPack::f32:  // [kc][nr]
+      l.stride = 1, l.k_mul = nr;
+      break;
+    case BPack::bf16_split:  // bf16 [kc][nr/2][2]: column d, then d + nr/2
+      l.stride = 2, l.split = std::min(cols, nr / 2), l.k_mul = nr;
+      break;
+    case BPack::bf16_pairs:  // [kc/2][nr][2]
+      l.stride = 2, l.k_mul = 2 * nr, l.pairs = true;
+      break;
+  }
+  // B(k, j) = p[k * rs + j * cs]: a column j is a line with stride cs.
+  pack_typed(uk, b.p, uk.b == BPack::f32, b.cs, b.rs, j0, cols, k0, kv, dst, l);
 }
 
 }  // namespace tiermoe::cpu::gemm
