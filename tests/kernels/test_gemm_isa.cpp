@@ -121,6 +121,37 @@ TEST_P(GemmIsa, ForwardAndDxRowsIndependentOfRowCount) {
   }
 }
 
+// A task of the driver is a block of rows times a run of column blocks whose
+// A is packed once for all of them, or, past kKeepACap of packed A (a long
+// K), once per column block; the run's length follows the thread count.
+// Neither may change a bit: 1, 2 and 3 threads give three splits of these
+// products, the long K takes the fallback.
+TEST_P(GemmIsa, ThreadsAndColumnRunsChangeNothing) {
+  const auto [isa, in, out_dt] = GetParam();
+  if (cpu_isa_emulated(isa)) GTEST_SKIP() << "the long K is too slow on an emulation";
+  Rng rng(31);
+  const int saved = num_threads();
+  const int64_t M = 100, N = 600;
+  for (int64_t K : {int64_t{300}, int64_t{6000}}) {
+    Operands s = operands(Op::forward, M, N, K);
+    Tensor a = random_tensor(s.a, in, rng), b = random_tensor(s.b, in, rng);
+    Tensor want = Tensor::empty(s.out, out_dt), absdot = Tensor::empty(s.out, DType::f64);
+    run(Op::forward, /*cpu=*/false, want, a, b, false);
+    run(Op::forward, /*cpu=*/false, absdot, abs_f64(a), abs_f64(b), false);
+    Tensor first;
+    for (int threads : {1, 2, 3}) {
+      set_num_threads(threads);
+      Tensor got = Tensor::empty(s.out, out_dt);
+      run(Op::forward, /*cpu=*/true, got, a, b, false);
+      const std::string name = where(Op::forward, M, N, K, " threads " + std::to_string(threads));
+      EXPECT_TRUE(within_summation_bound(got, want, absdot, Tensor(), s.reduction, DType::f32, name));
+      if (!first.defined()) first = got;
+      EXPECT_TRUE(bitwise_equal(got, first, name));
+    }
+  }
+  set_num_threads(saved);
+}
+
 // dw sums over rows: zero rows appended (an expert's rows padded to a
 // bucket) leave it bitwise unchanged, across kc blocks too (300 -> 512).
 TEST_P(GemmIsa, DwUnchangedByZeroRows) {

@@ -3,8 +3,8 @@
 // offset_G[g+1]) of the input go through weight g (a MoE layer's experts, one
 // group each; nothing here knows about experts). The weights are packed once
 // into the microkernel's layout (PackedWeights) and every group's work items,
-// (group, block of rows, block of columns), run in one parallel loop in a
-// fixed order: group-major, then column blocks, then row blocks. The fused
+// (group, block of rows, run of column blocks), run in one parallel loop in
+// a fixed order: group-major, then column runs, then row blocks. The fused
 // GLU product also applies a gated activation and a per-row score in its
 // epilogue, on each finished block of f32 sums, so the W13 output never makes
 // a second trip through memory before the activation.

@@ -128,22 +128,27 @@ struct Item {
   int64_t row0 = 0, group = 0;
 };
 
-// Runs fn's epilogue over every work item of the call: (group, column block,
-// row block) in that order, contiguous runs of them per thread. x_NI is A.
+// Runs fn's epilogue over every work item of the call: (group, run of column
+// blocks, row block) in that order, contiguous runs of them per thread. x_NI
+// is A.
 template <class Call>
 void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor& x_NI,
                const std::vector<int64_t>& offset_G, std::span<const uint8_t> skip_G,
                const Call& call,
                void (*fn)(const void*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t)) {
-  const int64_t G = w.groups(), mc = gemm::block_rows(uk), nc = gemm::block_cols(uk);
+  const int64_t G = w.groups(), mc = gemm::block_rows(uk);
   const int64_t Kb = w.use() == PackUse::backward_dx ? w.out_features() : w.in_features();
-  const int64_t n_blocks = ceil_div(w.packed_cols(), nc), I = x_NI.size(1);
+  const int64_t I = x_NI.size(1);
   auto rows_of = [&](int64_t g) {
     if (!skip_G.empty() && skip_G[size_t(g)]) return int64_t{0};
     return offset_G[size_t(g) + 1] - offset_G[size_t(g)];
   };
-  int64_t total = 0;
-  for (int64_t g = 0; g < G; ++g) total += ceil_div(rows_of(g), mc) * n_blocks;
+  int64_t row_blocks = 0;
+  for (int64_t g = 0; g < G; ++g) row_blocks += ceil_div(rows_of(g), mc);
+  // An item's columns: a run of column blocks, A packed once for them.
+  const int64_t chunk = gemm::column_chunk(uk, w.packed_cols(), row_blocks, num_threads());
+  const int64_t n_blocks = ceil_div(w.packed_cols(), chunk);
+  const int64_t total = row_blocks * n_blocks;
   parallel_for(total, 1, [&](int64_t t0, int64_t t1) {
     if (uk.thread_begin) uk.thread_begin();
     // The group holding item t0, then walk on.
@@ -168,9 +173,9 @@ void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor
                             .b = {},
                             .b_packed = w.group_data(g)};
       const Item item{&call, row0, g};
-      const int64_t i0 = mb * mc, j0 = nb * nc;
+      const int64_t i0 = mb * mc, j0 = nb * chunk;
       gemm::run_block(uk, p, {fn, &item}, i0, std::min(mc, M - i0), j0,
-                      std::min(nc, w.packed_cols() - j0));
+                      std::min(chunk, w.packed_cols() - j0));
     }
     if (uk.thread_end) uk.thread_end();
   });

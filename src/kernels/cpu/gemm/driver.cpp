@@ -51,36 +51,58 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
                int64_t rows, int64_t j0, int64_t cols) {
   const int64_t mr = uk.mr, nr = uk.nr, nc = block_cols(uk);
   const int64_t Kp = round_up(p.K, uk.k_step);
-  const int64_t m_panels = ceil_div(rows, mr), n_panels = ceil_div(cols, nr);
+  const int64_t m_panels = ceil_div(rows, mr);
   Scratch& s = scratch();
   float* acc = static_cast<float*>(s.acc.get(block_rows(uk) * nc * 4));
   if (Kp == 0) std::memset(acc, 0, size_t(block_rows(uk) * nc * 4));
   const int64_t a_bytes = a_panel_bytes(uk, kKc), b_bytes = b_panel_bytes(uk, kKc);
-  char* a_pack = static_cast<char*>(s.a.get(block_rows(uk) / mr * a_bytes));
+  // The rows' A panels for every kc step, kept across the column blocks so
+  // A is packed once per call, not once per block of nc columns (up to a
+  // cap; past it each column block packs its steps again).
+  const int64_t a_step_bytes = block_rows(uk) / mr * a_bytes;
+  const int64_t k_steps = ceil_div(Kp, kKc);
+  const bool keep_a = cols > nc && k_steps * a_step_bytes <= kKeepACap;
+  char* a_pack = static_cast<char*>(s.a.get((keep_a ? k_steps : 1) * a_step_bytes));
   char* b_pack = p.b_packed ? nullptr : static_cast<char*>(s.b.get(nc / nr * b_bytes));
   const int64_t b_full = b_panel_bytes(uk, Kp);
-  for (int64_t k0 = 0; k0 < Kp; k0 += kKc) {
-    const int64_t kc = std::min(kKc, Kp - k0);
-    for (int64_t ip = 0; ip < m_panels; ++ip) {
-      pack_a(uk, p.a, i0 + ip * mr, std::min(mr, rows - ip * mr), k0, kc, p.K,
-             a_pack + ip * a_bytes);
-    }
-    for (int64_t jp = 0; jp < n_panels; ++jp) {
-      const int64_t j = j0 + jp * nr;
-      const void* b_panel;
-      if (p.b_packed) {
-        b_panel = static_cast<const char*>(p.b_packed) + (j / nr) * b_full + b_panel_bytes(uk, k0);
-      } else {
-        pack_b(uk, p.b, j, std::min(nr, j0 + cols - j), k0, kc, p.K, b_pack + jp * b_bytes);
-        b_panel = b_pack + jp * b_bytes;
+  for (int64_t jb = j0; jb < j0 + cols; jb += nc) {
+    const int64_t bcols = std::min(nc, j0 + cols - jb), n_panels = ceil_div(bcols, nr);
+    for (int64_t k0 = 0; k0 < Kp; k0 += kKc) {
+      const int64_t kc = std::min(kKc, Kp - k0);
+      char* a_step = a_pack + (keep_a ? k0 / kKc * a_step_bytes : 0);
+      if (!keep_a || jb == j0) {
+        for (int64_t ip = 0; ip < m_panels; ++ip) {
+          pack_a(uk, p.a, i0 + ip * mr, std::min(mr, rows - ip * mr), k0, kc, p.K,
+                 a_step + ip * a_bytes);
+        }
       }
-      // The B panel stays in L1 while the block's A panels stream past it.
-      for (int64_t ip = 0; ip < m_panels; ++ip) {
-        uk.run(kc, a_pack + ip * a_bytes, b_panel, acc + ip * mr * nc + jp * nr, nc, k0 > 0);
+      for (int64_t jp = 0; jp < n_panels; ++jp) {
+        const int64_t j = jb + jp * nr;
+        const void* b_panel;
+        if (p.b_packed) {
+          b_panel =
+              static_cast<const char*>(p.b_packed) + (j / nr) * b_full + b_panel_bytes(uk, k0);
+        } else {
+          pack_b(uk, p.b, j, std::min(nr, jb + bcols - j), k0, kc, p.K, b_pack + jp * b_bytes);
+          b_panel = b_pack + jp * b_bytes;
+        }
+        // The B panel stays in L1 while the block's A panels stream past it.
+        for (int64_t ip = 0; ip < m_panels; ++ip) {
+          uk.run(kc, a_step + ip * a_bytes, b_panel, acc + ip * mr * nc + jp * nr, nc, k0 > 0);
+        }
       }
     }
+    ep.fn(ep.ctx, i0, jb, rows, bcols, acc, nc);
   }
-  ep.fn(ep.ctx, i0, j0, rows, cols, acc, nc);
+}
+
+int64_t column_chunk(const Microkernel& uk, int64_t N, int64_t row_blocks, int threads) {
+  const int64_t nc = block_cols(uk), n_blocks = ceil_div(N, nc);
+  // Enough tasks for every thread to get about four, else whole rows.
+  const int64_t want = 4 * int64_t(threads);
+  const int64_t chunks = std::clamp<int64_t>(ceil_div(want, std::max<int64_t>(1, row_blocks)), 1,
+                                             n_blocks);
+  return ceil_div(n_blocks, chunks) * nc;
 }
 
 namespace {
@@ -119,7 +141,7 @@ Epilogue store_epilogue(const StoreC& s) { return Epilogue{store_block, &s}; }
 
 void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
   if (p.M == 0 || p.N == 0) return;
-  const int64_t mc = block_rows(uk), nc = block_cols(uk);
+  const int64_t mc = block_rows(uk);
   // With more than one block of rows, each block would pack the same B
   // again: pack all of it once instead (up to a cap; the LM head's weight
   // stays packed block by block).
@@ -135,17 +157,21 @@ void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
       return;
     }
   }
-  const int64_t m_blocks = ceil_div(p.M, mc), n_blocks = ceil_div(p.N, nc);
-  // Threads take contiguous runs of blocks; ordering the blocks along the
-  // larger of A and B gives each thread a share of it to stream.
+  // A task is a block of rows times a run of column blocks (column_chunk),
+  // so a block's A is packed once for the whole run.
+  const int64_t m_blocks = ceil_div(p.M, mc);
+  const int64_t chunk = column_chunk(uk, p.N, m_blocks, num_threads());
+  const int64_t n_chunks = ceil_div(p.N, chunk);
+  // Threads take contiguous runs of tasks; ordering them along the larger of
+  // A and B gives each thread a share of it to stream.
   const bool n_major = p.N >= p.M;
-  parallel_for(m_blocks * n_blocks, 1, [&](int64_t t0, int64_t t1) {
+  parallel_for(m_blocks * n_chunks, 1, [&](int64_t t0, int64_t t1) {
     if (uk.thread_begin) uk.thread_begin();
     for (int64_t t = t0; t < t1; ++t) {
-      const int64_t mb = n_major ? t % m_blocks : t / n_blocks;
-      const int64_t nb = n_major ? t / m_blocks : t % n_blocks;
-      const int64_t i0 = mb * mc, j0 = nb * nc;
-      run_block(uk, p, ep, i0, std::min(mc, p.M - i0), j0, std::min(nc, p.N - j0));
+      const int64_t mb = n_major ? t % m_blocks : t / n_chunks;
+      const int64_t nb = n_major ? t / m_blocks : t % n_chunks;
+      const int64_t i0 = mb * mc, j0 = nb * chunk;
+      run_block(uk, p, ep, i0, std::min(mc, p.M - i0), j0, std::min(chunk, p.N - j0));
     }
     if (uk.thread_end) uk.thread_end();
   });
