@@ -4,11 +4,14 @@
 # interleaved mode by mode: TierMoE on its grouped kernels, TierMoE with one
 # GEMM per expert on the same ISA (--per-expert), TierMoE on oneDNN's matmul
 # (--isa onednn, the path before TierMoE's own GEMM), the Hugging Face-style
-# PyTorch expert loop, and kt-kernel's MoE operator where this CPU runs it.
+# PyTorch expert loop (also in f32 on a CPU without bf16 arithmetic, where
+# that is PyTorch's fast dtype), and kt-kernel's MoE operator where this CPU
+# runs it.
 # Prints one table of tokens/s (fwd / lora = forward + dx / full = + dW).
 #
-# Makes its own venv (bench/compare/.venv: torch 2.x CPU and kt-kernel 0.7.x
-# from PyPI) on first use; not part of make test. Needs build/tiermoe (or
+# Makes its own venv (bench/compare/.venv: torch 2.x, from PyTorch's CPU index
+# or else PyPI, and kt-kernel 0.7.x from PyPI) on first use; not part of make
+# test. Needs build/tiermoe (or
 # TIERMOE=path).
 # Usage: bench/compare/run.sh [TOKENS] [THREADS] [ITERS]
 set -euo pipefail
@@ -28,7 +31,11 @@ if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv --system-site-packages "$venv"
   "$venv/bin/pip" install --quiet --upgrade pip || true
   "$venv/bin/pip" install --quiet --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
-    'torch>=2,<3' || echo "torch 2.x did not install; using the system torch if there is one" >&2
+    'torch>=2,<3' ||
+    { echo "PyTorch's CPU index unreachable; installing PyPI's torch 2.x (with its CUDA" \
+        "libraries, about 5 GB)" >&2
+      "$venv/bin/pip" install --quiet 'torch>=2,<3'; } ||
+    echo "torch 2.x did not install; using the system torch if there is one" >&2
   # kt-kernel's BF16 MoE needs AMX-BF16 or AVX-512 BF16: elsewhere it is not
   # installed (it pulls in a full CUDA torch); kt_moe_layer.py says why.
   if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
@@ -60,9 +67,24 @@ for mode in fwd lora full; do
   "$tiermoe" bench moe-layer "${common[@]}" --isa onednn 2>"$log/err" | tail -n 1 \
     >"$log/onednn_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/onednn_$mode"
   echo "== $mode: pytorch" >&2
-  "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --tokens "$tokens" --dtype bf16 --mode "$mode" \
-    --threads "$threads" --zipf 0 --iters "$iters" --warmup 1 2>"$log/err" | tail -n 1 \
-    >"$log/torch_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/torch_$mode"
+  if [ "$mode" != fwd ] && [ "${TORCH_BF16:-}" != all ] && ! grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
+    # Measured on a 2-core AVX2 machine: over 5 minutes per LoRA iteration.
+    echo "{\"not_run\": \"PyTorch's bf16 backward on a CPU without bf16 arithmetic takes minutes an iteration (TORCH_BF16=all runs it)\"}" \
+      >"$log/torch_$mode"
+  else
+    "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --tokens "$tokens" --dtype bf16 --mode "$mode" \
+      --threads "$threads" --zipf 0 --iters "$iters" --warmup 1 2>"$log/err" | tail -n 1 \
+      >"$log/torch_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/torch_$mode"
+  fi
+  # PyTorch's own best dtype where the CPU has no bf16 arithmetic (AVX2):
+  # its bf16 matmuls there run a slow fallback, f32 runs oneDNN/MKL.
+  if ! grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
+    echo "== $mode: pytorch f32" >&2
+    "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --tokens "$tokens" --dtype f32 \
+      --mode "$mode" --threads "$threads" --zipf 0 --iters "$iters" --warmup 1 2>"$log/err" |
+      tail -n 1 >"$log/torchf32_$mode" ||
+      echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/torchf32_$mode"
+  fi
   echo "== $mode: kt-kernel" >&2
   "$py" "$here/kt_moe_layer.py" --tokens "$tokens" --mode "$mode" --threads "$threads" \
     >"$log/kt_$mode" 2>"$log/err" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/kt_$mode"

@@ -6,11 +6,14 @@ import sys
 log, tokens, threads = sys.argv[1], sys.argv[2], sys.argv[3]
 systems = [("tiermoe", "TierMoE (grouped kernels)"), ("perexpert", "TierMoE, --per-expert"),
            ("onednn", "TierMoE, TIERMOE_ISA=onednn"),
-           ("torch", "PyTorch HF expert loop"), ("kt", "kt-kernel MoE operator")]
+           ("torch", "PyTorch HF expert loop"), ("torchf32", "PyTorch HF expert loop, f32"),
+           ("kt", "kt-kernel MoE operator")]
 modes = ["fwd", "lora", "full"]
 
 
 def cell(path):
+    if not os.path.exists(path):
+        return None, None  # a row this machine does not run
     try:
         with open(path) as f:
             j = json.loads(f.read().strip().splitlines()[-1])
@@ -29,8 +32,11 @@ notes = []
 base = {}
 for key, name in systems:
     row = []
+    if not any(os.path.exists(os.path.join(log, f"{key}_{m}")) for m in modes):
+        continue
     for m in modes:
         text, v = cell(os.path.join(log, f"{key}_{m}"))
+        text = text or "not run"
         if isinstance(v, float):
             base.setdefault(m, {})[key] = v
         elif v:
