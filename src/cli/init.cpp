@@ -125,7 +125,10 @@ void run_init(const InitOptions& o) {
       preset(o.preset, o.layers_given ? std::optional<int64_t>(o.layers) : std::nullopt);
   config.torch_dtype = torch_dtype_name(dtype);
   if (o.vocab_size != 0) {
-    config.vocab_size = o.vocab_size;
+    for (const std::string& id : config.set_vocab_size(o.vocab_size)) {
+      std::cerr << "note: --vocab-size " << o.vocab_size << " drops the preset's " << id
+                << " (outside the vocabulary, so config.json has no such id)\n";
+    }
     config.validate("--vocab-size");
   }
 

@@ -309,6 +309,22 @@ QkNorm ModelConfig::qk_norm() const {
   __builtin_unreachable();
 }
 
+std::vector<std::string> ModelConfig::set_vocab_size(int64_t V) {
+  vocab_size = V;
+  std::vector<std::string> dropped;
+  auto drop = [&](std::optional<int64_t>& id, const char* field) {
+    if (id && *id >= V) dropped.push_back(str_of(field, " ", *id)), id.reset();
+  };
+  drop(bos_token_id, "bos_token_id");
+  drop(pad_token_id, "pad_token_id");
+  std::erase_if(eos_token_id, [&](int64_t id) {
+    if (id < V) return false;
+    dropped.push_back(str_of("eos_token_id ", id));
+    return true;
+  });
+  return dropped;
+}
+
 void ModelConfig::validate(const std::string& where) const {
   auto positive = [&](const char* field, int64_t v) {
     TIERMOE_CHECK(v > 0, str_of("config field '", field, "' must be positive, got ", v), where,

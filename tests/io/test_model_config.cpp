@@ -402,5 +402,27 @@ TEST(ModelConfig, ParamCountsMatchTheTensorList) {
   }
 }
 
+// init --vocab-size on a preset whose special ids lie past the new
+// vocabulary (Qwen3's 151643 / 151645 with V = 4096): the ids are dropped and
+// named, the rest stay, and the config is valid, as the issue's own
+// benchmark set-up needs.
+TEST(ModelConfig, ACutVocabularyDropsTheSpecialIdsItCannotHold) {
+  ModelConfig c = preset("qwen3-30b-a3b", 1);
+  ASSERT_TRUE(c.bos_token_id.has_value());
+  ASSERT_FALSE(c.eos_token_id.empty());
+  c.eos_token_id.push_back(7);  // one id the cut keeps
+  c.pad_token_id = 9;
+  const std::vector<std::string> dropped = c.set_vocab_size(4096);
+  EXPECT_EQ(c.vocab_size, 4096);
+  EXPECT_FALSE(c.bos_token_id.has_value());
+  EXPECT_EQ(c.eos_token_id, std::vector<int64_t>{7});
+  EXPECT_EQ(c.pad_token_id, std::optional<int64_t>(9));
+  EXPECT_EQ(dropped, (std::vector<std::string>{"bos_token_id 151643", "eos_token_id 151645"}));
+  EXPECT_NO_THROW(c.validate("test"));
+  // A vocabulary that holds them keeps them all.
+  ModelConfig whole = preset("qwen3-30b-a3b", 1);
+  EXPECT_TRUE(whole.set_vocab_size(whole.vocab_size).empty());
+}
+
 }  // namespace
 }  // namespace tiermoe

@@ -87,6 +87,11 @@ struct ModelConfig {
   std::string to_json() const;
   // Checks every invariant parse_model_config checks; `where` names the source.
   void validate(const std::string& where) const;
+  // Sets vocab_size to V (a preset's shapes with a cut-down embedding): the
+  // special token ids V cannot hold (bos, eos, pad at or past V) are dropped,
+  // as a config without them says, and named in the result ("bos_token_id
+  // 151643", ...), so the caller can say so.
+  std::vector<std::string> set_vocab_size(int64_t V);
 };
 
 // Parses config.json text; `path` is only used in error messages.
