@@ -44,29 +44,16 @@ struct InitOptions {
   int64_t vocab_size = 0;  // 0: the preset's
 };
 
-// huggingface_hub's split (as save_checkpoint_tensors does it): fill shards
-// greedily in module order; a tensor over the limit gets a shard of its own.
+// The shards save_checkpoint_tensors would cut (huggingface_hub's split),
+// planned from the tensors' sizes before any is allocated.
 std::vector<std::vector<size_t>> plan_shards(const std::vector<HfTensor>& tensors, DType dtype,
                                              uint64_t max_shard_bytes) {
-  std::vector<std::vector<size_t>> shards;
-  std::vector<size_t> current;
-  uint64_t current_bytes = 0;
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    uint64_t bytes = uint64_t(shape_numel(tensors[i].shape)) * dtype_size(dtype);
-    if (bytes > max_shard_bytes) {
-      shards.push_back({i});
-      continue;
-    }
-    if (current_bytes + bytes > max_shard_bytes) {
-      shards.push_back(std::move(current));
-      current.clear();
-      current_bytes = 0;
-    }
-    current.push_back(i);
-    current_bytes += bytes;
+  std::vector<uint64_t> bytes;
+  bytes.reserve(tensors.size());
+  for (const HfTensor& t : tensors) {
+    bytes.push_back(uint64_t(shape_numel(t.shape)) * dtype_size(dtype));
   }
-  if (!current.empty() || shards.empty()) shards.push_back(std::move(current));
-  return shards;
+  return plan_checkpoint_shards(bytes, max_shard_bytes);
 }
 
 // Allocates and initialises one shard's tensors, in parallel over tensors.
