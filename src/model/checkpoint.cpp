@@ -152,14 +152,13 @@ struct MappedBytes {
 // dimension 0 into `shape` (rows [row0, row0 + shape[0]) of a single tensor
 // when row0 >= 0): one view of the mapped shard when the parts lie back to
 // back at a width no wider than `compute`, else a copy (see checkpoint.h).
-Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>& names,
-                    const Shape& shape, DType compute, int64_t row0 = -1) {
-  std::vector<Tensor> parts;
-  for (const std::string& n : names) parts.push_back(ck.view(n));
-  if (row0 >= 0) {
-    const int64_t rows = shape[0];
-    parts[0] = parts[0].rows(row0, row0 + rows);
-  }
+// How on-disk parts stacked into one matrix are bound: at their stored width
+// when they share one no wider than `compute`, and as one view of the mapped
+// shard when they also lie back to back in it.
+struct PartsBinding {
+  bool keep_width = false, in_place = false;
+};
+PartsBinding parts_binding(const std::vector<Tensor>& parts, DType compute) {
   const DType stored = parts[0].dtype();
   bool same_width = true, contiguous = true;
   const char* next = static_cast<const char*>(parts[0].raw());
@@ -169,7 +168,38 @@ Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>&
     next = static_cast<const char*>(p.raw()) + p.nbytes();
   }
   const bool keep_width = same_width && is_narrower_or_same(stored, compute);
-  if (keep_width && contiguous) {
+  return {keep_width, keep_width && contiguous};
+}
+
+std::vector<Tensor> views_of(const CheckpointTensors& ck, const std::vector<std::string>& names) {
+  std::vector<Tensor> parts;
+  for (const std::string& n : names) parts.push_back(ck.view(n));
+  return parts;
+}
+
+// The on-disk parts of a dense MLP's and of expert e's W13, gate then up.
+std::vector<std::string> dense_w13_names(const std::string& layer_prefix) {
+  return {layer_prefix + "mlp.gate_proj.weight", layer_prefix + "mlp.up_proj.weight"};
+}
+std::vector<std::string> expert_w13_names(const ModelConfig& c, const std::string& layer_prefix,
+                                          int64_t e) {
+  const bool mixtral = c.family == ModelFamily::mixtral;
+  const std::string ep = layer_prefix + (mixtral ? "block_sparse_moe." : "mlp.") + "experts." +
+                         std::to_string(e) + ".";
+  return {ep + (mixtral ? "w1" : "gate_proj") + ".weight",
+          ep + (mixtral ? "w3" : "up_proj") + ".weight"};
+}
+
+Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>& names,
+                    const Shape& shape, DType compute, int64_t row0 = -1) {
+  std::vector<Tensor> parts = views_of(ck, names);
+  if (row0 >= 0) {
+    const int64_t rows = shape[0];
+    parts[0] = parts[0].rows(row0, row0 + rows);
+  }
+  const DType stored = parts[0].dtype();
+  const auto [keep_width, in_place] = parts_binding(parts, compute);
+  if (in_place) {
     const size_t bytes = size_t(shape_numel(shape)) * dtype_size(stored);
     auto owner = std::make_shared<MappedBytes>(parts[0], bytes);
     return Tensor::from_external(const_cast<void*>(parts[0].raw()), shape, stored,
@@ -236,8 +266,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       }
     }
     if (DenseMlp* mlp = layer->dense_mlp()) {
-      mlp->w13().value = bound_matrix(ck, {p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"},
-                                      mlp->w13().value.shape(), c);
+      mlp->w13().value = bound_matrix(ck, dense_w13_names(p), mlp->w13().value.shape(), c);
       mlp->down().value =
           bound_matrix(ck, {p + "mlp.down_proj.weight"}, mlp->down().value.shape(), c);
       continue;
@@ -255,15 +284,36 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
     for (int64_t e = 0; e < El; ++e) {
       const std::string ep = block + std::to_string(first_expert() + e) + ".";
       ex.bind_expert_weights(
-          e,
-          bound_matrix(ck, {ep + (mixtral ? "w1" : "gate_proj") + ".weight",
-                            ep + (mixtral ? "w3" : "up_proj") + ".weight"},
-                       {2 * F, D}, c),
+          e, bound_matrix(ck, expert_w13_names(config_, p, first_expert() + e), {2 * F, D}, c),
           bound_matrix(ck, {ep + (mixtral ? "w2" : "down_proj") + ".weight"}, {D, F}, c));
     }
   }
   if (lm_head_.value.defined()) lm_head_.value = bound_matrix(ck, {"lm_head.weight"}, {V, D}, c);
   bound_ = true;
+}
+
+int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, DType compute,
+                            int64_t first_expert, int64_t experts) {
+  int64_t n = 0;
+  auto count = [&](const std::vector<std::string>& names) {
+    const std::vector<Tensor> parts = views_of(ck, names);
+    const PartsBinding b = parts_binding(parts, compute);
+    if (b.keep_width && !b.in_place) {
+      for (const Tensor& t : parts) n += t.numel();
+    }
+  };
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    if (!c.is_moe_layer(l)) {
+      count(dense_w13_names(p));
+      continue;
+    }
+    if (ck.contains(p + "mlp.experts.gate_up_proj")) continue;  // one tensor: always in place
+    for (int64_t e = first_expert; e < first_expert + experts; ++e) {
+      count(expert_w13_names(c, p, e));
+    }
+  }
+  return n;
 }
 
 CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm,

@@ -103,8 +103,8 @@ size_t MemoryPlan::total() const {
   return t;
 }
 
-MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c, std::optional<DType> stored,
-                       int ranks) {
+MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
+                       std::optional<StoredMatrices> stored, int ranks) {
   const DType dt = cfg.dtype;
   const bool lora = cfg.lora.has_value();
   const int64_t R = lora ? cfg.lora->rank : 0;
@@ -135,8 +135,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c, std::option
     if (t.role == HfRole::expert && t.expert >= El) continue;
     const size_t n = size_t(shape_numel(t.shape));
     if (mapped && is_matrix(t.role)) {
-      const bool keep = *stored == dt || dtype_size(*stored) < dtype_size(dt);
-      at(p, keep ? MemTag::mapped : MemTag::weights) += n * dtype_size(keep ? *stored : dt);
+      const DType sd = stored->dtype;
+      const bool keep = sd == dt || dtype_size(sd) < dtype_size(dt);
+      at(p, keep ? MemTag::mapped : MemTag::weights) += n * dtype_size(keep ? sd : dt);
     } else {
       at(p, MemTag::weights) += n * z.s;
     }
@@ -158,6 +159,13 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c, std::option
       const std::string m = module_of(t.name);
       (m.ends_with("down_proj") || m.ends_with(".w2") ? lora_w2 : lora_w13) = true;
     }
+  }
+  // W13 parts the shards do not hold back to back are one copy each, at the
+  // stored width, instead of a view (model/checkpoint.h).
+  if (mapped && (stored->dtype == dt || dtype_size(stored->dtype) < dtype_size(dt))) {
+    const size_t copied = size_t(stored->copied_w13) * dtype_size(stored->dtype);
+    at(p, MemTag::mapped) -= copied;
+    at(p, MemTag::weights) += copied;
   }
   at(p, MemTag::grads) = size_t(trainable) * master;
   // A router holds its gradient buffer even while frozen (moe/router.h).
@@ -253,7 +261,8 @@ nlohmann::json MemoryPlan::to_json(const std::array<size_t, kNumMemTags>* measur
 }
 
 std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfig& model,
-                                     std::optional<DType> stored, int ranks, size_t limit) {
+                                     std::optional<StoredMatrices> stored, int ranks,
+                                     size_t limit) {
   std::vector<std::pair<size_t, std::string>> fits;
   auto consider = [&](TrainConfig c, std::string what) {
     const size_t t = plan_memory(c, model, stored, ranks).total();

@@ -1,5 +1,6 @@
 #include "tiermoe/train/trainer_session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/model/checkpoint.h"
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/memory_plan.h"
 #include "tiermoe/train/metrics.h"
@@ -60,15 +62,23 @@ std::string config_differences(const TrainConfig& given, const TrainConfig& save
   return diff;
 }
 
-// The dtype a checkpoint stores its matrices in (its embedding's), read from
-// the shard header only; nullopt for a preset at random init.
-std::optional<DType> stored_matrix_dtype(const TrainConfig& c) {
+// What the plan needs of the checkpoint, from the shard headers only: the
+// dtype its matrices are stored in (its embedding's) and, for a LoRA run,
+// the W13 parts a mapped bind of rank 0's experts copies. nullopt for a
+// preset at random init.
+std::optional<StoredMatrices> stored_matrices(const TrainConfig& c, const ModelConfig& model,
+                                              int ranks) {
   if (c.model_dir.empty()) return std::nullopt;
-  const std::string d = CheckpointTensors::open(c.model_dir).entry("model.embed_tokens.weight").dtype;
-  if (d == "BF16") return DType::bf16;
-  if (d == "F32") return DType::f32;
-  if (d == "F64") return DType::f64;
-  return std::nullopt;  // the loader names the unsupported dtype
+  const CheckpointTensors ck = CheckpointTensors::open(c.model_dir);
+  const std::string d = ck.entry("model.embed_tokens.weight").dtype;
+  DType dt;
+  if (d == "BF16") dt = DType::bf16;
+  else if (d == "F32") dt = DType::f32;
+  else if (d == "F64") dt = DType::f64;
+  else return std::nullopt;  // the loader names the unsupported dtype
+  if (!c.lora) return StoredMatrices(dt);
+  const int64_t experts = model.num_experts / std::max(ranks, 1);
+  return StoredMatrices(dt, copied_w13_elements(ck, model, c.dtype, 0, experts));
 }
 
 // Logs the plan and refuses a run it says cannot fit, before anything is loaded.
@@ -77,7 +87,7 @@ MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunCont
   check_fits_host(config, ranks);
   const ModelConfig model = config.model_dir.empty() ? preset(config.preset, config.layers)
                                                      : load_model_config(config.model_dir);
-  const std::optional<DType> stored = stored_matrix_dtype(config);
+  const std::optional<StoredMatrices> stored = stored_matrices(config, model, ranks);
   const MemoryPlan plan = plan_memory(config, model, stored, ranks);
   if (control.log) {
     *control.log << "memory plan (predicted peak per tag" << (ranks > 1 ? ", each rank" : "")

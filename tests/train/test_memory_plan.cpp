@@ -12,11 +12,16 @@
 
 #include "io/test_safetensors_util.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/model/checkpoint.h"
 #include "tiermoe/train/memory_plan.h"
 #include "tiermoe/train/trainer_session.h"
 
 namespace tiermoe {
 namespace {
+
+// Two of tiny's 4 KiB expert matrices per shard: some expert's gate_proj and
+// up_proj land in different files.
+constexpr uint64_t kSplitShardBytes = 10000;
 
 using testing::TempDir;
 using testing::throws_error_with;
@@ -121,6 +126,33 @@ TEST(MemoryPlan, LoraFromABf16CheckpointPlansTheMatricesMapped) {
   }
   EXPECT_EQ(p.peak[size_t(MemTag::mapped)], matrices * 2);
   EXPECT_EQ(s.memory_plan.at("mapped").at("measured").get<size_t>(), matrices * 2);
+  set_num_threads(0);
+}
+
+// Shards cut between an expert's gate_proj and up_proj (huggingface_hub's
+// split does): that W13 is one copy under `weights`, not a view, and the plan
+// says so exactly (it counted the copy under `mapped` before).
+TEST(MemoryPlan, W13PartsSplitAcrossShardsArePlannedAsCopies) {
+  set_num_threads(1);
+  TempDir dir;
+  const ModelConfig mc = preset("tiny");
+  {
+    TrainConfig init = config_of({"tiny", false, DType::bf16, "none", 1, 8});
+    CausalLM model = build_model(init);
+    model.save_checkpoint(dir.path().string(), DType::bf16, kSplitShardBytes);
+  }
+  const int64_t copied = copied_w13_elements(CheckpointTensors::open(dir.path().string()), mc,
+                                             DType::f32, 0, mc.num_experts);
+  ASSERT_GT(copied, 0) << "the shard size should cut some W13 pair";
+  TrainConfig c = config_of({"tiny", true, DType::f32, "none", 4, 64});
+  c.model_dir = dir.path().string();
+  c.corpus_tokens = 1 << 14;
+  const TrainSummary s = run_training(c, RunControl{});
+  for (const char* tag : {"weights", "mapped"}) {
+    EXPECT_EQ(s.memory_plan.at(tag).at("predicted").get<size_t>(),
+              s.memory_plan.at(tag).at("measured").get<size_t>())
+        << tag;
+  }
   set_num_threads(0);
 }
 

@@ -56,6 +56,15 @@ namespace tiermoe {
 // Whether an on-disk tensor name is one the loader skips (recomputed buffers).
 bool is_ignored_checkpoint_tensor(const std::string& name);
 
+// Elements of the W13 matrices (gate and up stacked) that a mapped bind of
+// `ck` in `compute` copies at their stored width instead of viewing in
+// place, because their parts do not lie back to back in one shard
+// (huggingface_hub's split can cut between an expert's gate_proj and
+// up_proj): dense MLPs, and experts [first_expert, first_expert + experts)
+// of each MoE layer. The memory plan counts them under weights, not mapped.
+int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, DType compute,
+                            int64_t first_expert, int64_t experts);
+
 // The routed expert an HF tensor or module name belongs to: e in
 // "...experts.<e>.<proj>...", -1 for any other name (fused expert tensors
 // included). With expert parallelism a rank loads only its experts' tensors

@@ -12,7 +12,9 @@
 //   weights      every parameter in the compute dtype; a LoRA run from a
 //                checkpoint keeps its matrices where they are stored (mapped
 //                below) and holds only norms, biases and routers, plus the
-//                adapters (fp32);
+//                adapters (fp32), and the W13 matrices whose gate and up
+//                parts the checkpoint's shards do not hold back to back
+//                (copied at the stored width);
 //   mapped       the checkpoint's matrices read in place (LoRA from a
 //                checkpoint): their bytes at the stored width;
 //   grads        one gradient per trainable parameter (a), plus a second copy
@@ -55,16 +57,26 @@ struct MemoryPlan {
   nlohmann::json to_json(const std::array<size_t, kNumMemTags>* measured = nullptr) const;
 };
 
-// The plan of `config` on `model`. `stored` is the dtype the checkpoint holds
-// its matrices in (when the run reads a checkpoint); `ranks` the expert
-// parallel ranks (each rank's share is planned).
+// What the plan knows of the checkpoint a run reads.
+struct StoredMatrices {
+  DType dtype = DType::bf16;  // the dtype its matrices are stored in
+  // Elements of rank 0's W13 matrices a mapped bind copies
+  // (model/checkpoint.h: copied_w13_elements).
+  int64_t copied_w13 = 0;
+  StoredMatrices(DType d, int64_t copied = 0) : dtype(d), copied_w13(copied) {}
+};
+
+// The plan of `config` on `model`. `stored` describes the checkpoint the run
+// reads (none: a preset at random init); `ranks` the expert parallel ranks
+// (each rank's share is planned).
 MemoryPlan plan_memory(const TrainConfig& config, const ModelConfig& model,
-                       std::optional<DType> stored = std::nullopt, int ranks = 1);
+                       std::optional<StoredMatrices> stored = std::nullopt, int ranks = 1);
 
 // What would bring the plan under `limit` bytes: each a change of one setting
 // (remat policy, batch, LoRA instead of full, bf16), with its planned total,
 // best first; empty when nothing tried fits.
 std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfig& model,
-                                     std::optional<DType> stored, int ranks, size_t limit);
+                                     std::optional<StoredMatrices> stored, int ranks,
+                                     size_t limit);
 
 }  // namespace tiermoe
