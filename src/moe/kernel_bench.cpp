@@ -17,7 +17,7 @@ std::string ExpertKernelBenchResult::to_json() const {
   std::ostringstream os;
   os << "{\"isa\": \"" << isa << "\", \"dtype\": \"" << dtype << "\", \"threads\": " << threads
      << ", \"peak_tflops\": " << peak_tflops << ", \"pack_s\": " << pack_s
-     << ", \"repack_s\": " << repack_s     << ", \"pack_bytes\": " << pack_bytes << ", \"kernels\": [";
+     << ", \"repack_s\": " << repack_s << ", \"pack_bytes\": " << pack_bytes << ", \"kernels\": [";
   for (size_t i = 0; i < timings.size(); ++i) {
     const ExpertKernelTiming& t = timings[i];
     os << (i ? ", " : "") << "{\"kernel\": \"" << t.kernel

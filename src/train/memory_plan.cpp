@@ -297,5 +297,4 @@ std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfi
   return out;
 }
 
-
 }  // namespace tiermoe

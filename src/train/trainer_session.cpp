@@ -72,10 +72,14 @@ std::optional<StoredMatrices> stored_matrices(const TrainConfig& c, const ModelC
   const CheckpointTensors ck = CheckpointTensors::open(c.model_dir);
   const std::string d = ck.entry("model.embed_tokens.weight").dtype;
   DType dt;
-  if (d == "BF16") dt = DType::bf16;
-  else if (d == "F32") dt = DType::f32;
-  else if (d == "F64") dt = DType::f64;
-  else return std::nullopt;  // the loader names the unsupported dtype
+  if (d == "BF16")
+    dt = DType::bf16;
+  else if (d == "F32")
+    dt = DType::f32;
+  else if (d == "F64")
+    dt = DType::f64;
+  else
+    return std::nullopt;  // the loader names the unsupported dtype
   if (!c.lora) return StoredMatrices(dt);
   const int64_t experts = model.num_experts / std::max(ranks, 1);
   return StoredMatrices(dt, copied_w13_elements(ck, model, c.dtype, 0, experts));

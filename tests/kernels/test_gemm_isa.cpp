@@ -144,7 +144,8 @@ TEST_P(GemmIsa, ThreadsAndColumnRunsChangeNothing) {
       Tensor got = Tensor::empty(s.out, out_dt);
       run(Op::forward, /*cpu=*/true, got, a, b, false);
       const std::string name = where(Op::forward, M, N, K, " threads " + std::to_string(threads));
-      EXPECT_TRUE(within_summation_bound(got, want, absdot, Tensor(), s.reduction, DType::f32, name));
+      EXPECT_TRUE(
+          within_summation_bound(got, want, absdot, Tensor(), s.reduction, DType::f32, name));
       if (!first.defined()) first = got;
       EXPECT_TRUE(bitwise_equal(got, first, name));
     }

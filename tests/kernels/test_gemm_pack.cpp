@@ -65,19 +65,24 @@ std::vector<float> unpack(const std::vector<char>& bytes, bool f32_layout) {
 // lines (mr or nr) over kc.
 int64_t a_index(gemm::APack a, int64_t mr, int64_t kc, int64_t r, int64_t k) {
   switch (a) {
-    case gemm::APack::f32_kmajor: return k * mr + r;
-    case gemm::APack::bf16_pairs: return ((k >> 1) * mr + r) * 2 + (k & 1);
-    case gemm::APack::bf16_rows: return r * kc + k;
+    case gemm::APack::f32_kmajor:
+      return k * mr + r;
+    case gemm::APack::bf16_pairs:
+      return ((k >> 1) * mr + r) * 2 + (k & 1);
+    case gemm::APack::bf16_rows:
+      return r * kc + k;
   }
   return -1;
 }
 int64_t b_index(gemm::BPack b, int64_t nr, int64_t j, int64_t k) {
   const int64_t half = nr / 2;
   switch (b) {
-    case gemm::BPack::f32: return k * nr + j;
+    case gemm::BPack::f32:
+      return k * nr + j;
     case gemm::BPack::bf16_split:
       return j < half ? (k * half + j) * 2 : (k * half + j - half) * 2 + 1;
-    case gemm::BPack::bf16_pairs: return ((k >> 1) * nr + j) * 2 + (k & 1);
+    case gemm::BPack::bf16_pairs:
+      return ((k >> 1) * nr + j) * 2 + (k & 1);
   }
   return -1;
 }
@@ -105,15 +110,16 @@ TEST_P(GemmPack, PanelsMatchTheDocumentedLayout) {
         for (const bool is_a : {true, false}) {
           const int64_t width = is_a ? uk.mr : uk.nr;
           for (int64_t valid : {width, width - 1, int64_t(1), width / 2 + 1}) {
-            SCOPED_TRACE(::testing::Message() << (is_a ? "A" : "B") << " K " << K << " k0 " << k0
-                                              << " valid " << valid << " k contiguous "
-                                              << k_contiguous);
+            SCOPED_TRACE(::testing::Message()
+                         << (is_a ? "A" : "B") << " K " << K << " k0 " << k0 << " valid " << valid
+                         << " k contiguous " << k_contiguous);
             const int64_t lines = valid + 3, x0 = 2;  // an offset into the source's lines
             const Source s = source(lines, K, k_contiguous);
             const void* p = bf16_in ? static_cast<const void*>(s.bf16.data()) : s.f32.data();
             const int64_t bytes = is_a ? gemm::a_panel_bytes(uk, kc) : gemm::b_panel_bytes(uk, kc);
             std::vector<char> dst(size_t(bytes), char(0x5a));  // garbage where zeros belong
-            const bool f32_layout = is_a ? uk.a == gemm::APack::f32_kmajor : uk.b == gemm::BPack::f32;
+            const bool f32_layout =
+                is_a ? uk.a == gemm::APack::f32_kmajor : uk.b == gemm::BPack::f32;
             if (is_a) {
               // A(i, k) at p[i * rs + k * cs].
               gemm::pack_a(uk, gemm::Mat{p, s.ls, s.ks}, x0, valid, k0, kc, K, dst.data());
@@ -125,7 +131,8 @@ TEST_P(GemmPack, PanelsMatchTheDocumentedLayout) {
             std::vector<float> want(got.size(), 0.0f);
             for (int64_t x = 0; x < valid; ++x) {
               for (int64_t k = 0; k < std::min(kc, K - k0); ++k) {
-                const int64_t at = is_a ? a_index(uk.a, uk.mr, kc, x, k) : b_index(uk.b, uk.nr, x, k);
+                const int64_t at =
+                    is_a ? a_index(uk.a, uk.mr, kc, x, k) : b_index(uk.b, uk.nr, x, k);
                 want[size_t(at)] = s.f32[size_t((x0 + x) * s.ls + (k0 + k) * s.ks)];
               }
             }
@@ -137,14 +144,12 @@ TEST_P(GemmPack, PanelsMatchTheDocumentedLayout) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EveryMicrokernel, GemmPack,
-                         ::testing::Values(Case{CpuIsa::avx2, DType::f32},
-                                           Case{CpuIsa::avx2, DType::bf16},
-                                           Case{CpuIsa::avx512, DType::f32},
-                                           Case{CpuIsa::avx512, DType::bf16},
-                                           Case{CpuIsa::avx512bf16, DType::bf16},
-                                           Case{CpuIsa::amx, DType::bf16}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    EveryMicrokernel, GemmPack,
+    ::testing::Values(Case{CpuIsa::avx2, DType::f32}, Case{CpuIsa::avx2, DType::bf16},
+                      Case{CpuIsa::avx512, DType::f32}, Case{CpuIsa::avx512, DType::bf16},
+                      Case{CpuIsa::avx512bf16, DType::bf16}, Case{CpuIsa::amx, DType::bf16}),
+    case_name);
 
 }  // namespace
 }  // namespace tiermoe

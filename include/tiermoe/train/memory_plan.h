@@ -76,7 +76,6 @@ MemoryPlan plan_memory(const TrainConfig& config, const ModelConfig& model,
 // (remat policy, batch, LoRA instead of full, bf16), with its planned total,
 // best first; empty when nothing tried fits.
 std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfig& model,
-                                     std::optional<StoredMatrices> stored, int ranks,
-                                     size_t limit);
+                                     std::optional<StoredMatrices> stored, int ranks, size_t limit);
 
 }  // namespace tiermoe

@@ -100,8 +100,8 @@ int64_t column_chunk(const Microkernel& uk, int64_t N, int64_t row_blocks, int t
   const int64_t nc = block_cols(uk), n_blocks = ceil_div(N, nc);
   // Enough tasks for every thread to get about four, else whole rows.
   const int64_t want = 4 * int64_t(threads);
-  const int64_t chunks = std::clamp<int64_t>(ceil_div(want, std::max<int64_t>(1, row_blocks)), 1,
-                                             n_blocks);
+  const int64_t chunks =
+      std::clamp<int64_t>(ceil_div(want, std::max<int64_t>(1, row_blocks)), 1, n_blocks);
   return ceil_div(n_blocks, chunks) * nc;
 }
 

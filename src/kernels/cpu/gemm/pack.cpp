@@ -40,15 +40,13 @@ struct Layout {
 // of activations' A operand) each k's lines are. Either way the writes land
 // in one panel, which stays in L1.
 template <bool Pairs, class D, class S>
-void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0,
-                int64_t kv, D* dst, const Layout& l) {
+void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0, int64_t kv,
+                D* dst, const Layout& l) {
   const S* base = src + x0 * ls + k0 * ks;
   auto k_part = [&](int64_t k) { return Pairs ? (k >> 1) * l.k_mul + (k & 1) : k * l.k_mul; };
   const int64_t lo = std::min(n, l.split);
   // The two line ranges: [first, last) placed from `offset` on.
-  const struct {
-    int64_t first, last, offset;
-  } ranges[2] = {{0, lo, 0}, {lo, n, 1}};
+  const struct { int64_t first, last, offset; } ranges[2] = {{0, lo, 0}, {lo, n, 1}};
   for (const auto& r : ranges) {
     if (r.first >= r.last) continue;
     if (ks == 1) {
