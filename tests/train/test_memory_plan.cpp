@@ -101,20 +101,28 @@ INSTANTIATE_TEST_SUITE_P(Presets, MemoryPlanCases,
                                            Case{"small", true, DType::f32, "save-w2-only", 4, 64}),
                          case_name);
 
+// A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most
+// `max_shard_bytes`), and the f32 LoRA run that reads it.
+TrainConfig lora_on_tiny_bf16_checkpoint(const std::string& dir,
+                                         uint64_t max_shard_bytes = 5'000'000'000ull) {
+  {
+    TrainConfig init = config_of({"tiny", false, DType::bf16, "none", 1, 8});
+    CausalLM model = build_model(init);
+    model.save_checkpoint(dir, DType::bf16, max_shard_bytes);
+  }
+  TrainConfig c = config_of({"tiny", true, DType::f32, "none", 4, 64});
+  c.model_dir = dir;
+  c.corpus_tokens = 1 << 14;
+  return c;
+}
+
 // A LoRA run from a bf16 checkpoint in f32: the matrices are planned (and
 // measured) under `mapped` at bf16 width, and `weights` holds no f32 copy.
 TEST(MemoryPlan, LoraFromABf16CheckpointPlansTheMatricesMapped) {
   set_num_threads(1);
   TempDir dir;
   const ModelConfig mc = preset("tiny");
-  {
-    TrainConfig init = config_of({"tiny", false, DType::bf16, "none", 1, 8});
-    CausalLM model = build_model(init);
-    model.save_checkpoint(dir.path().string(), DType::bf16);
-  }
-  TrainConfig c = config_of({"tiny", true, DType::f32, "none", 4, 64});
-  c.model_dir = dir.path().string();
-  c.corpus_tokens = 1 << 14;
+  const TrainConfig c = lora_on_tiny_bf16_checkpoint(dir.path().string());
   const TrainSummary s = run_training(c, RunControl{});
   expect_within_10_percent(s.memory_plan, "tiny LoRA from bf16");
   const MemoryPlan p = plan_memory(c, mc, DType::bf16);
@@ -136,17 +144,10 @@ TEST(MemoryPlan, W13PartsSplitAcrossShardsArePlannedAsCopies) {
   set_num_threads(1);
   TempDir dir;
   const ModelConfig mc = preset("tiny");
-  {
-    TrainConfig init = config_of({"tiny", false, DType::bf16, "none", 1, 8});
-    CausalLM model = build_model(init);
-    model.save_checkpoint(dir.path().string(), DType::bf16, kSplitShardBytes);
-  }
+  const TrainConfig c = lora_on_tiny_bf16_checkpoint(dir.path().string(), kSplitShardBytes);
   const int64_t copied = copied_w13_elements(CheckpointTensors::open(dir.path().string()), mc,
                                              DType::f32, 0, mc.num_experts);
   ASSERT_GT(copied, 0) << "the shard size should cut some W13 pair";
-  TrainConfig c = config_of({"tiny", true, DType::f32, "none", 4, 64});
-  c.model_dir = dir.path().string();
-  c.corpus_tokens = 1 << 14;
   const TrainSummary s = run_training(c, RunControl{});
   for (const char* tag : {"weights", "mapped"}) {
     EXPECT_EQ(s.memory_plan.at(tag).at("predicted").get<size_t>(),
