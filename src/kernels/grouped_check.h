@@ -47,6 +47,50 @@ inline void check_scores(const Tensor& score_N, int64_t N, std::string_view op) 
                 std::string(op), "one router score per input row");
 }
 
+// Every check of grouped_matmul's arguments (kernels/grouped_matmul.h).
+inline void check_grouped_matmul(const Tensor& y_NO, const Tensor& x_NI,
+                                 const std::vector<int64_t>& offset_G, const PackedWeights& w,
+                                 const Tensor& bias_GO, const Tensor& score_N,
+                                 std::span<const uint8_t> skip_G) {
+  const char* op = "grouped_matmul";
+  check_packed(w, PackUse::forward, PackUse::backward_dx, op);
+  const bool dx = w.use() == PackUse::backward_dx;
+  const int64_t N = x_NI.defined() ? x_NI.size(0) : 0;
+  const int64_t O = dx ? w.in_features() : w.out_features();
+  const DType dt = w.source().dtype();
+  check_rows_of(x_NI, N, dx ? w.out_features() : w.in_features(), dt, op, "x_NI");
+  check_rows_of(y_NO, N, O, dt, op, "y_NO");
+  check_grouped_rows(offset_G, w.groups(), N, skip_G, op);
+  check_scores(score_N, N, op);
+  TIERMOE_CHECK(!bias_GO.defined() || (!dx && bias_GO.dim() == 2 && bias_GO.size(0) == w.groups() &&
+                                       bias_GO.size(1) == O && bias_GO.dtype() == dt),
+                str_of(op, ": bias must be [G, O] = [", w.groups(), ", ", O, "] ", dtype_name(dt),
+                       " on a forward product"),
+                op, "pass the stacked biases, or none for dx");
+}
+
+// Every check of grouped_glu_forward's arguments.
+inline void check_grouped_glu_forward(const Tensor& h_N2F, const Tensor& a_NF, const Tensor& as_NF,
+                                      const Tensor& x_ND, const std::vector<int64_t>& offset_G,
+                                      const PackedWeights& w13, const Tensor& b13_G2F,
+                                      const Tensor& score_N, std::span<const uint8_t> skip_G) {
+  const char* op = "grouped_glu_forward";
+  check_packed(w13, PackUse::forward_glu, PackUse::forward_glu, op);
+  const int64_t N = x_ND.defined() ? x_ND.size(0) : 0, F = w13.out_features() / 2;
+  const DType dt = w13.source().dtype();
+  check_rows_of(x_ND, N, w13.in_features(), dt, op, "x_ND");
+  check_rows_of(h_N2F, N, 2 * F, dt, op, "h_N2F");
+  check_rows_of(a_NF, N, F, dt, op, "a_NF");
+  if (score_N.defined()) check_rows_of(as_NF, N, F, dt, op, "as_NF");
+  check_grouped_rows(offset_G, w13.groups(), N, skip_G, op);
+  check_scores(score_N, N, op);
+  TIERMOE_CHECK(!b13_G2F.defined() || (b13_G2F.dim() == 2 && b13_G2F.size(0) == w13.groups() &&
+                                       b13_G2F.size(1) == 2 * F && b13_G2F.dtype() == dt),
+                str_of(op, ": b13 must be [G, 2F] = [", w13.groups(), ", ", 2 * F, "] ",
+                       dtype_name(dt)),
+                op, "pass the stacked W13 biases, or none");
+}
+
 // Score m of an f32 or f64 score vector, as the f32 math reads it.
 inline float score_f32(const Tensor& s, int64_t m) {
   return s.dtype() == DType::f64 ? float(s.data<double>()[m]) : s.data<float>()[m];

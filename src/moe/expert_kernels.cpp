@@ -143,44 +143,47 @@ void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& ds
     if (absorbed) r.score = score_N.rows(b, end), r.dscore = dscore_N.rows(b, end);
     return r;
   };
-  // Each side's sum is complete after its step (this call's rows, in the
-  // rule's blocks), so it is added to the grads there: the same one add per
-  // tensor as backward_rows, one expert's scratch sum alive per thread.
-  auto sum_for = [&] {
-    return weight_grads ? ExpertGrads::empty(cfg, experts.grad_dtype()) : ExpertGrads();
+  // One side of every expert's backward: side(e, r, sum) computes it (with
+  // its weight-gradient sum when asked), and that side's sum, complete after
+  // this call's rows in the rule's blocks, is added to e's grads once, as
+  // backward_rows adds it; one expert's scratch sum alive per thread.
+  auto each_expert = [&](auto side, auto part_of) {
+    for_each_expert(
+        offset_E,
+        [&](int64_t e) {
+          Rows r = rows_of(e);
+          ExpertGrads sum =
+              weight_grads ? ExpertGrads::empty(cfg, experts.grad_dtype()) : ExpertGrads();
+          side(e, r, weight_grads ? &sum : nullptr);
+          if (weight_grads) experts.grads(e).add(part_of(sum));
+        },
+        skip_E);
   };
-  for_each_expert(
-      offset_E,
-      [&](int64_t e) {
-        Rows r = rows_of(e);
-        ExpertGrads sum = sum_for();
-        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-        expert_backward_w2_side(r.m, r.dscore, dy_ND.rows(b, end), r.acts, r.score,
-                                weight_grads ? &sum : nullptr, false, false);
-        if (!weight_grads) return;
+  auto rows = [&](const Tensor& t, int64_t e) {
+    return t.rows(offset_E[size_t(e)], offset_E[size_t(e) + 1]);
+  };
+  each_expert(
+      [&](int64_t e, Rows& r, ExpertGrads* sum) {
+        expert_backward_w2_side(r.m, r.dscore, rows(dy_ND, e), r.acts, r.score, sum, false, false);
+      },
+      [](const ExpertGrads& sum) {
         ExpertGrads part;
         part.dw2_DF = sum.dw2_DF, part.db2_D = sum.db2_D;
-        experts.grads(e).add(part);
-      },
-      skip_E);
+        return part;
+      });
   Tensor da_NF = Tensor::empty({N, F}, dt);
   cpu::grouped_matmul(da_NF, dy_ND, offset_E, w2_dx, Tensor(), Tensor(), skip_E);
   Tensor dh_N2F = Tensor::empty({N, 2 * F}, dt);
-  for_each_expert(
-      offset_E,
-      [&](int64_t e) {
-        Rows r = rows_of(e);
-        ExpertGrads sum = sum_for();
-        const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-        Tensor dh = dh_N2F.rows(b, end), da = da_NF.rows(b, end);
-        expert_backward_w13_side(r.m, dh, r.dscore, da, r.acts, r.score,
-                                 weight_grads ? &sum : nullptr, false);
-        if (!weight_grads) return;
+  each_expert(
+      [&](int64_t e, Rows& r, ExpertGrads* sum) {
+        Tensor dh = rows(dh_N2F, e), da = rows(da_NF, e);
+        expert_backward_w13_side(r.m, dh, r.dscore, da, r.acts, r.score, sum, false);
+      },
+      [](const ExpertGrads& sum) {
         ExpertGrads part;
         part.dw13_FD = sum.dw13_FD, part.db13_F = sum.db13_F;
-        experts.grads(e).add(part);
-      },
-      skip_E);
+        return part;
+      });
   cpu::grouped_matmul(dx_ND, dh_N2F, offset_E, w13_dx, Tensor(), Tensor(), skip_E);
 }
 

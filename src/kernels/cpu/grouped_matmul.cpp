@@ -27,6 +27,14 @@ const gemm::Microkernel& kernel_for(CpuIsa isa, DType dt, std::string_view op) {
   return gemm::microkernel(isa, dt);
 }
 
+// Packed weights are laid out for one ISA's microkernel.
+void check_packed_for_this_isa(const PackedWeights& w, std::string_view op) {
+  TIERMOE_CHECK(w.isa() == cpu_isa(),
+                str_of(op, ": weights packed for ", cpu_isa_name(w.isa()), ", running ",
+                       cpu_isa_name(cpu_isa())),
+                std::string(op), "re-pack after changing the ISA");
+}
+
 // The forward_glu column order of the swiglu layout: C block b (nc columns)
 // holds gate columns [b*h, b*h + w) padded to wp (a multiple of nr), then the
 // up columns F + [b*h, b*h + w), padded alike; h = nc / 2.
@@ -278,25 +286,10 @@ void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>
                     const PackedWeights& w, const Tensor& bias_GO, const Tensor& score_N,
                     std::span<const uint8_t> skip_G) {
   const char* op = "grouped_matmul";
-  detail::check_packed(w, PackUse::forward, PackUse::backward_dx, op);
-  const bool dx = w.use() == PackUse::backward_dx;
-  const int64_t N = x_NI.defined() ? x_NI.size(0) : 0;
-  const int64_t I = dx ? w.out_features() : w.in_features();
-  const int64_t O = dx ? w.in_features() : w.out_features();
+  detail::check_grouped_matmul(y_NO, x_NI, offset_G, w, bias_GO, score_N, skip_G);
+  check_packed_for_this_isa(w, op);
+  const int64_t O = w.use() == PackUse::backward_dx ? w.in_features() : w.out_features();
   const DType dt = w.source().dtype();
-  detail::check_rows_of(x_NI, N, I, dt, op, "x_NI");
-  detail::check_rows_of(y_NO, N, O, dt, op, "y_NO");
-  detail::check_grouped_rows(offset_G, w.groups(), N, skip_G, op);
-  detail::check_scores(score_N, N, op);
-  TIERMOE_CHECK(!bias_GO.defined() || (!dx && bias_GO.dim() == 2 && bias_GO.size(0) == w.groups() &&
-                                       bias_GO.size(1) == O && bias_GO.dtype() == dt),
-                str_of(op, ": bias must be [G, O] = [", w.groups(), ", ", O, "] ", dtype_name(dt),
-                       " on a forward product"),
-                op, "pass the stacked biases, or none for dx");
-  TIERMOE_CHECK(w.isa() == cpu_isa(),
-                str_of(op, ": weights packed for ", cpu_isa_name(w.isa()), ", running ",
-                       cpu_isa_name(cpu_isa())),
-                op, "re-pack after changing the ISA");
   const gemm::Microkernel& uk = kernel_for(w.isa(), dt, op);
   const StoreCall call{y_NO.raw(), O, bias_GO.defined() ? bias_GO.raw() : nullptr,
                        bias_GO.defined() && score_N.defined() ? &score_N : nullptr};
@@ -309,24 +302,11 @@ void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tenso
                          const Tensor& b13_G2F, const Tensor& score_N,
                          std::span<const uint8_t> skip_G) {
   const char* op = "grouped_glu_forward";
-  detail::check_packed(w13, PackUse::forward_glu, PackUse::forward_glu, op);
-  const int64_t N = x_ND.defined() ? x_ND.size(0) : 0, F = w13.out_features() / 2;
+  detail::check_grouped_glu_forward(h_N2F, a_NF, as_NF, x_ND, offset_G, w13, b13_G2F, score_N,
+                                    skip_G);
+  check_packed_for_this_isa(w13, op);
+  const int64_t F = w13.out_features() / 2;
   const DType dt = w13.source().dtype();
-  detail::check_rows_of(x_ND, N, w13.in_features(), dt, op, "x_ND");
-  detail::check_rows_of(h_N2F, N, 2 * F, dt, op, "h_N2F");
-  detail::check_rows_of(a_NF, N, F, dt, op, "a_NF");
-  if (score_N.defined()) detail::check_rows_of(as_NF, N, F, dt, op, "as_NF");
-  detail::check_grouped_rows(offset_G, w13.groups(), N, skip_G, op);
-  detail::check_scores(score_N, N, op);
-  TIERMOE_CHECK(!b13_G2F.defined() || (b13_G2F.dim() == 2 && b13_G2F.size(0) == w13.groups() &&
-                                       b13_G2F.size(1) == 2 * F && b13_G2F.dtype() == dt),
-                str_of(op, ": b13 must be [G, 2F] = [", w13.groups(), ", ", 2 * F, "] ",
-                       dtype_name(dt)),
-                op, "pass the stacked W13 biases, or none");
-  TIERMOE_CHECK(w13.isa() == cpu_isa(),
-                str_of(op, ": weights packed for ", cpu_isa_name(w13.isa()), ", running ",
-                       cpu_isa_name(cpu_isa())),
-                op, "re-pack after changing the ISA");
   const gemm::Microkernel& uk = kernel_for(w13.isa(), dt, op);
   GluCall call{h_N2F.raw(),
                a_NF.raw(),

@@ -57,15 +57,9 @@ void glu(Tensor& a_MF, const Tensor& h_M2F, const Glu& g) {
 void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>& offset_G,
                     const PackedWeights& w, const Tensor& bias_GO, const Tensor& score_N,
                     std::span<const uint8_t> skip_G) {
-  const char* op = "grouped_matmul";
-  detail::check_packed(w, PackUse::forward, PackUse::backward_dx, op);
+  detail::check_grouped_matmul(y_NO, x_NI, offset_G, w, bias_GO, score_N, skip_G);
   const bool dx = w.use() == PackUse::backward_dx;
-  const int64_t N = x_NI.defined() ? x_NI.size(0) : 0;
   const DType dt = w.source().dtype();
-  detail::check_rows_of(x_NI, N, dx ? w.out_features() : w.in_features(), dt, op, "x_NI");
-  detail::check_rows_of(y_NO, N, dx ? w.in_features() : w.out_features(), dt, op, "y_NO");
-  detail::check_grouped_rows(offset_G, w.groups(), N, skip_G, op);
-  detail::check_scores(score_N, N, op);
   for (int64_t g = 0; g < w.groups(); ++g) {
     if (!runs(offset_G, skip_G, g)) continue;
     const int64_t b = offset_G[size_t(g)], e = offset_G[size_t(g) + 1];
@@ -90,16 +84,10 @@ void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tenso
                          const std::vector<int64_t>& offset_G, const PackedWeights& w13,
                          const Tensor& b13_G2F, const Tensor& score_N,
                          std::span<const uint8_t> skip_G) {
-  const char* op = "grouped_glu_forward";
-  detail::check_packed(w13, PackUse::forward_glu, PackUse::forward_glu, op);
-  const int64_t N = x_ND.defined() ? x_ND.size(0) : 0, F = w13.out_features() / 2;
+  detail::check_grouped_glu_forward(h_N2F, a_NF, as_NF, x_ND, offset_G, w13, b13_G2F, score_N,
+                                    skip_G);
+  const int64_t F = w13.out_features() / 2;
   const DType dt = w13.source().dtype();
-  detail::check_rows_of(x_ND, N, w13.in_features(), dt, op, "x_ND");
-  detail::check_rows_of(h_N2F, N, 2 * F, dt, op, "h_N2F");
-  detail::check_rows_of(a_NF, N, F, dt, op, "a_NF");
-  if (score_N.defined()) detail::check_rows_of(as_NF, N, F, dt, op, "as_NF");
-  detail::check_grouped_rows(offset_G, w13.groups(), N, skip_G, op);
-  detail::check_scores(score_N, N, op);
   for (int64_t g = 0; g < w13.groups(); ++g) {
     if (!runs(offset_G, skip_G, g)) continue;
     const int64_t b = offset_G[size_t(g)], e = offset_G[size_t(g) + 1];
