@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/test_dir.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/tier/cost_model.h"
@@ -80,22 +81,14 @@ inline TierRunConfig moving_device_tier(const TrainConfig& run, const std::strin
 // Each test in its own directory under the temp dir (named after the test),
 // with a routing profile of the tiny preset that is wrong on purpose (hot
 // experts in reverse), so a first placement from it must be corrected.
-class TrainingRunTest : public ::testing::Test {
+class TrainingRunTest : public DirTest {
  protected:
-  explicit TrainingRunTest(std::string prefix) : prefix_(std::move(prefix)) {}
+  explicit TrainingRunTest(std::string prefix) : DirTest(std::move(prefix), 2) {}
   void SetUp() override {
-    set_num_threads(2);
-    dir_ = std::filesystem::temp_directory_path() /
-           (prefix_ + ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    DirTest::SetUp();
     RoutingProfile wrong = RoutingProfile::synthetic(2, 8, 128, 1.5, /*seed=*/99);
     profile_ = (dir_ / "wrong_profile.json").string();
     wrong.save(profile_);
-  }
-  void TearDown() override {
-    std::filesystem::remove_all(dir_);
-    set_num_threads(0);
   }
   TrainSummary train(const TrainConfig& c, const std::string& name) {
     RunControl control;
@@ -103,8 +96,6 @@ class TrainingRunTest : public ::testing::Test {
     return run_training(c, control);
   }
 
-  std::string prefix_;
-  std::filesystem::path dir_;
   std::string profile_;
 };
 

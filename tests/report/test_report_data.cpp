@@ -11,6 +11,7 @@
 #include <sstream>
 #include <string>
 
+#include "common/test_dir.h"
 #include "common/tier_runs.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
@@ -48,21 +49,9 @@ std::vector<json> json_lines(const std::string& path) {
   return out;
 }
 
-class ReportData : public ::testing::Test {
+class ReportData : public testing::DirTest {
  protected:
-  void SetUp() override {
-    set_num_threads(2);
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_report_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    set_num_threads(0);
-  }
-  fs::path dir_;
+  ReportData() : DirTest("tiermoe_report_", 2) {}
 };
 
 TEST_F(ReportData, SeriesEqualTheMetricsOfARealTieredRun) {

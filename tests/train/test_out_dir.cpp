@@ -15,6 +15,7 @@
 #include <set>
 #include <thread>
 
+#include "common/test_dir.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/out_dir.h"
@@ -24,16 +25,9 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class OutDir : public ::testing::Test {
+class OutDir : public testing::DirTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_test_out_dir_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
+  OutDir() : DirTest("tiermoe_test_out_dir_") {}
 
   void write(const fs::path& rel, const std::string& text) const {
     fs::create_directories((dir_ / rel).parent_path());
@@ -48,8 +42,6 @@ class OutDir : public ::testing::Test {
     for (const auto& e : fs::directory_iterator(dir_)) out.insert(e.path().filename().string());
     return out;
   }
-
-  fs::path dir_;
 };
 
 std::string error_of(const std::function<void()>& fn) {

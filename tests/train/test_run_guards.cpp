@@ -9,6 +9,7 @@
 #include <fstream>
 #include <set>
 
+#include "common/test_dir.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/train/checkpoint.h"
@@ -35,28 +36,15 @@ TrainConfig tiny_run(int64_t steps, double lr = 3e-3) {
   return c;
 }
 
-class RunGuards : public ::testing::Test {
+class RunGuards : public testing::DirTest {
  protected:
-  void SetUp() override {
-    set_num_threads(1);
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_test_run_guards_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    set_num_threads(0);
-  }
+  RunGuards() : DirTest("tiermoe_test_run_guards_", 1) {}
 
   std::set<std::string> entries(const fs::path& d) const {
     std::set<std::string> out;
     for (const auto& e : fs::directory_iterator(d)) out.insert(e.path().filename().string());
     return out;
   }
-
-  fs::path dir_;
 };
 
 std::string error_of(const std::function<void()>& fn) {

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "common/test_dir.h"
 #include "common/testing.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
@@ -42,21 +43,9 @@ TrainConfig small_run(DType dtype, int64_t steps) {
   return c;
 }
 
-class TrainerTest : public ::testing::Test {
+class TrainerTest : public testing::DirTest {
  protected:
-  void SetUp() override {
-    set_num_threads(1);
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_test_trainer_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override {
-    fs::remove_all(dir_);
-    set_num_threads(0);
-  }
-  fs::path dir_;
+  TrainerTest() : DirTest("tiermoe_test_trainer_", 1) {}
 };
 
 std::string slurp(const fs::path& p) {
