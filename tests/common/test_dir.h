@@ -5,11 +5,21 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 #include <string>
 
 #include "tiermoe/core/parallel.h"
 
 namespace tiermoe::testing {
+
+// The names in directory d.
+inline std::set<std::string> dir_entries(const std::filesystem::path& d) {
+  std::set<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(d)) {
+    out.insert(e.path().filename().string());
+  }
+  return out;
+}
 
 class DirTest : public ::testing::Test {
  protected:

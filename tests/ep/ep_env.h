@@ -6,6 +6,7 @@
 // all_ranks().
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "tiermoe/dist/comm.h"
@@ -22,5 +23,32 @@ inline bool all_ranks(bool ok) {
   }
   return true;
 }
+
+// A test (or a parameterised one: Base) with one directory for the job under
+// the temp dir, named after the test: every rank uses the same path, and
+// rank 0 empties it before and removes it after, between barriers.
+template <class Base = ::testing::Test>
+class EpDirTest : public Base {
+ protected:
+  explicit EpDirTest(std::string prefix) : prefix_(std::move(prefix)) {}
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           (prefix_ + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    if (ep_comm().rank() == 0) {
+      std::filesystem::remove_all(dir_);
+      std::filesystem::create_directories(dir_);
+    }
+    ep_comm().barrier("test set-up");
+  }
+  void TearDown() override {
+    ep_comm().barrier("test tear-down");
+    if (ep_comm().rank() == 0) std::filesystem::remove_all(dir_);
+  }
+
+  std::filesystem::path dir_;
+
+ private:
+  std::string prefix_;
+};
 
 }  // namespace tiermoe::testing

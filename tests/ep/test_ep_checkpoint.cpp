@@ -43,23 +43,9 @@ TrainConfig tiny_run(bool lora) {
   return c;
 }
 
-class EpCheckpoint : public ::testing::TestWithParam<bool> {
+class EpCheckpoint : public testing::EpDirTest<::testing::TestWithParam<bool>> {
  protected:
-  void SetUp() override {
-    // One directory for the job: every rank uses the same path.
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_ep_checkpoint_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    if (ep_comm().rank() == 0) {
-      fs::remove_all(dir_);
-      fs::create_directories(dir_);
-    }
-    ep_comm().barrier("test set-up");
-  }
-  void TearDown() override {
-    ep_comm().barrier("test tear-down");
-    if (ep_comm().rank() == 0) fs::remove_all(dir_);
-  }
+  EpCheckpoint() : EpDirTest("tiermoe_ep_checkpoint_") {}
 
   // A run over the job's ranks (comm) or on this rank alone (nullptr).
   TrainSummary train(const TrainConfig& c, const std::string& out, Comm* comm,
@@ -91,8 +77,6 @@ class EpCheckpoint : public ::testing::TestWithParam<bool> {
     }
     return ::testing::AssertionSuccess() << x.names().size() << " tensors";
   }
-
-  fs::path dir_;
 };
 
 TEST_P(EpCheckpoint, WrittenOnceAndResumedOnAnyRankCount) {

@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 
+#include "common/test_dir.h"
 #include "ep/ep_env.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/train/checkpoint.h"
@@ -37,30 +38,9 @@ TrainConfig tiny_run() {
   return c;
 }
 
-class EpGuard : public ::testing::Test {
+class EpGuard : public testing::EpDirTest<> {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_ep_guard_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    if (ep_comm().rank() == 0) {
-      fs::remove_all(dir_);
-      fs::create_directories(dir_);
-    }
-    ep_comm().barrier("test set-up");
-  }
-  void TearDown() override {
-    ep_comm().barrier("test tear-down");
-    if (ep_comm().rank() == 0) fs::remove_all(dir_);
-  }
-
-  static std::set<std::string> entries(const fs::path& d) {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(d)) out.insert(e.path().filename().string());
-    return out;
-  }
-
-  fs::path dir_;
+  EpGuard() : EpDirTest("tiermoe_ep_guard_") {}
 };
 
 TEST_F(EpGuard, ANonFiniteExpertOnOneRankStopsTheCheckpointOnEveryRank) {
@@ -101,7 +81,7 @@ TEST_F(EpGuard, ANonFiniteExpertOnOneRankStopsTheCheckpointOnEveryRank) {
   EXPECT_TRUE(all_ranks(named));
   comm.barrier("checked");
   if (comm.rank() == 0) {
-    EXPECT_EQ(entries(out), std::set<std::string>{"checkpoint-1"});
+    EXPECT_EQ(testing::dir_entries(out), std::set<std::string>{"checkpoint-1"});
   }
 }
 
@@ -118,7 +98,7 @@ TEST_F(EpGuard, RankZeroCleansUpAndKeepsTheLastCheckpoints) {
   EXPECT_EQ(s.steps, 4);
   comm.barrier("run done");
   if (comm.rank() == 0) {
-    EXPECT_EQ(entries(out), (std::set<std::string>{"checkpoint-3", "checkpoint-4", "final"}));
+    EXPECT_EQ(testing::dir_entries(out), (std::set<std::string>{"checkpoint-3", "checkpoint-4", "final"}));
     EXPECT_TRUE(fs::exists(out / "checkpoint-4" / "optimizer-00002-of-00002.safetensors"));
   }
 }

@@ -37,11 +37,7 @@ class OutDir : public testing::DirTest {
     std::ifstream in(dir_ / rel);
     return {std::istreambuf_iterator<char>(in), {}};
   }
-  std::set<std::string> entries() const {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir_)) out.insert(e.path().filename().string());
-    return out;
-  }
+  std::set<std::string> entries() const { return testing::dir_entries(dir_); }
 };
 
 std::string error_of(const std::function<void()>& fn) {

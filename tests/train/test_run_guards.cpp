@@ -39,12 +39,6 @@ TrainConfig tiny_run(int64_t steps, double lr = 3e-3) {
 class RunGuards : public testing::DirTest {
  protected:
   RunGuards() : DirTest("tiermoe_test_run_guards_", 1) {}
-
-  std::set<std::string> entries(const fs::path& d) const {
-    std::set<std::string> out;
-    for (const auto& e : fs::directory_iterator(d)) out.insert(e.path().filename().string());
-    return out;
-  }
 };
 
 std::string error_of(const std::function<void()>& fn) {
@@ -80,7 +74,7 @@ TEST_F(RunGuards, ANonFiniteStateIsNeverCheckpointed) {
   std::string err = error_of([&] { save_train_checkpoint(dir_.string(), model, trainer, c); });
   EXPECT_NE(err.find("not writing checkpoint-2 at step 2"), std::string::npos) << err;
   EXPECT_NE(err.find("lm_head.weight holds nan (element 0)"), std::string::npos) << err;
-  EXPECT_EQ(entries(dir_), std::set<std::string>{"checkpoint-1"});
+  EXPECT_EQ(testing::dir_entries(dir_), std::set<std::string>{"checkpoint-1"});
 
   // An infinite value in the state alone (weights finite) is refused too.
   v.set(0, 1.0);
@@ -91,7 +85,7 @@ TEST_F(RunGuards, ANonFiniteStateIsNeverCheckpointed) {
   m.set(3, INFINITY);
   err = error_of([&] { save_train_checkpoint(dir_.string(), model, trainer, c); });
   EXPECT_NE(err.find("model.norm.weight.exp_avg holds inf (element 3)"), std::string::npos) << err;
-  EXPECT_EQ(entries(dir_), std::set<std::string>{"checkpoint-1"});
+  EXPECT_EQ(testing::dir_entries(dir_), std::set<std::string>{"checkpoint-1"});
   // The checkpoint kept resumes.
   const TrainSummary resumed =
       run_training(c, {.out_dir = dir_.string(), .resume = (dir_ / "checkpoint-1").string()});
@@ -116,7 +110,7 @@ TEST_F(RunGuards, AHugeLearningRateStopsAsDiverged) {
         << optimizer_kind_name(kind) << ": " << err;
     EXPECT_TRUE(fs::exists(out / "checkpoint-10")) << "the checkpoints before it stay";
     EXPECT_FALSE(fs::exists(out / "final")) << "a diverged run exports nothing";
-    EXPECT_EQ(entries(out).count(kOutDirLockFile), 0u) << "the lock went with the run";
+    EXPECT_EQ(testing::dir_entries(out).count(kOutDirLockFile), 0u) << "the lock went with the run";
 
     const TrainSummary off = run_training(c, {.divergence = {.patience = 0}});
     EXPECT_EQ(off.steps, 40) << optimizer_kind_name(kind);
@@ -128,14 +122,14 @@ TEST_F(RunGuards, ALockedOutDirIsRefusedBeforeAnyStep) {
   OutDirLock other((dir_ / "out").string());
   const std::string err = error_of([&] { run_training(c, {.out_dir = (dir_ / "out").string()}); });
   EXPECT_NE(err.find("another tiermoe run (pid "), std::string::npos) << err;
-  EXPECT_EQ(entries(dir_ / "out"), std::set<std::string>{kOutDirLockFile}) << "nothing written";
+  EXPECT_EQ(testing::dir_entries(dir_ / "out"), std::set<std::string>{kOutDirLockFile}) << "nothing written";
 }
 
 TEST_F(RunGuards, KeepLastKeepsTheNewestCheckpointsAndResumes) {
   const TrainConfig c = tiny_run(6);
   RunControl first{.out_dir = dir_.string(), .save_every = 1, .stop_after = 4, .keep_last = 2};
   run_training(c, first);
-  EXPECT_EQ(entries(dir_), (std::set<std::string>{"checkpoint-3", "checkpoint-4"}));
+  EXPECT_EQ(testing::dir_entries(dir_), (std::set<std::string>{"checkpoint-3", "checkpoint-4"}));
   const TrainSummary straight = run_training(c, {});
   RunControl second{.out_dir = dir_.string(),
                     .save_every = 1,
@@ -143,7 +137,7 @@ TEST_F(RunGuards, KeepLastKeepsTheNewestCheckpointsAndResumes) {
                     .resume = resolve_checkpoint(dir_.string())};
   const TrainSummary resumed = run_training(c, second);
   EXPECT_EQ(resumed.losses, straight.losses);
-  EXPECT_EQ(entries(dir_), (std::set<std::string>{"checkpoint-6", "final"}));
+  EXPECT_EQ(testing::dir_entries(dir_), (std::set<std::string>{"checkpoint-6", "final"}));
   EXPECT_NE(error_of([&] {
               run_training(c, {.out_dir = (dir_ / "x").string(), .keep_last = -2});
             }).find("--keep-last -2"),
