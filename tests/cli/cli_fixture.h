@@ -7,10 +7,13 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
+
+#include "common/test_dir.h"
 
 namespace tiermoe {
 
@@ -26,16 +29,27 @@ inline std::string slurp(const fs::path& p) {
   return {std::istreambuf_iterator<char>(in), {}};
 }
 
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tiermoe_test_cli_" +
-            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
+// `tiermoe train` as a small, fast run (one layer of the tiny preset, 2 x 16
+// tokens a step), then `extra`.
+inline std::vector<std::string> quick(std::vector<std::string> extra) {
+  std::vector<std::string> args = {"train", "--layers",  "1", "--batch",         "2",   "--seq-len",
+                                   "16",    "--threads", "1", "--corpus-tokens", "4096"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+// Every file under dir (relative path -> bytes; "<dir>" for directories).
+inline std::map<std::string, std::string> snapshot(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const auto& e : fs::recursive_directory_iterator(dir)) {
+    files[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? slurp(e.path()) : "<dir>";
   }
-  void TearDown() override { fs::remove_all(dir_); }
+  return files;
+}
+
+class Cli : public testing::DirTest {
+ protected:
+  Cli() : DirTest("tiermoe_test_cli_") {}
 
   fs::path path(const std::string& name) const { return dir_ / name; }
 
@@ -60,8 +74,6 @@ class Cli : public ::testing::Test {
     EXPECT_EQ(r.rc, 0) << r.err;
     return path(name);
   }
-
-  fs::path dir_;
 };
 
 // The JSON object a --json command prints as its last non-empty stdout line.

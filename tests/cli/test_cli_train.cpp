@@ -16,22 +16,6 @@ namespace {
 
 using nlohmann::json;
 
-// A small, fast run: one layer of the tiny preset, 2 x 16 tokens a step.
-std::vector<std::string> quick(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--layers",  "1", "--batch",         "2",   "--seq-len",
-                                   "16",    "--threads", "1", "--corpus-tokens", "4096"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    files[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? slurp(e.path()) : "<dir>";
-  }
-  return files;
-}
-
 using CliTrain = Cli;
 
 // PEFT reads a relative base_model_name_or_path that does not exist from its

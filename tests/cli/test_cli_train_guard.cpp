@@ -21,27 +21,6 @@
 namespace tiermoe {
 namespace {
 
-std::vector<std::string> quick(std::vector<std::string> extra) {
-  std::vector<std::string> args = {"train", "--layers",  "1", "--batch",         "2",   "--seq-len",
-                                   "16",    "--threads", "1", "--corpus-tokens", "4096"};
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
-std::map<std::string, std::string> snapshot(const fs::path& dir) {
-  std::map<std::string, std::string> files;
-  for (const auto& e : fs::recursive_directory_iterator(dir)) {
-    files[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? slurp(e.path()) : "<dir>";
-  }
-  return files;
-}
-
-std::set<std::string> entries(const fs::path& dir) {
-  std::set<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
-  return out;
-}
-
 std::vector<std::string> argv_of(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {TIERMOE_CLI_PATH};
   argv.insert(argv.end(), args.begin(), args.end());
@@ -177,7 +156,7 @@ TEST_F(CliTrainGuard, ASecondRunOnABusyOutIsRefusedAndAKilledRunBlocksNobody) {
   ASSERT_TRUE(fs::exists(out / ".tiermoe.lock")) << "the killed run's lock file stays";
   const RunResult third = run(quick({"--steps", "2", "--out", out.string()}));
   EXPECT_EQ(third.rc, 0) << third.err;
-  EXPECT_EQ(entries(out), (std::set<std::string>{"checkpoint-2", "final"}));
+  EXPECT_EQ(testing::dir_entries(out), (std::set<std::string>{"checkpoint-2", "final"}));
 }
 
 TEST_F(CliTrainGuard, KilledRunsLeftoversAreRemovedAndAnAsideFinalPutBack) {
@@ -195,7 +174,7 @@ TEST_F(CliTrainGuard, KilledRunsLeftoversAreRemovedAndAnAsideFinalPutBack) {
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "removed 1 temporary directory")) << r.err;
   EXPECT_TRUE(contains(r.err, "restored " + (out / "final").string())) << r.err;
-  EXPECT_EQ(entries(out),
+  EXPECT_EQ(testing::dir_entries(out),
             (std::set<std::string>{"checkpoint-2", "checkpoint-3", "checkpoint-4", "final"}));
   EXPECT_EQ(snapshot(out / "final"), final_files);
 }
@@ -205,7 +184,7 @@ TEST_F(CliTrainGuard, KeepLastKeepsTheNewestCheckpoints) {
   const RunResult r =
       run(quick({"--steps", "5", "--save-every", "1", "--keep-last", "2", "--out", out.string()}));
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(entries(out), (std::set<std::string>{"checkpoint-4", "checkpoint-5", "final"}));
+  EXPECT_EQ(testing::dir_entries(out), (std::set<std::string>{"checkpoint-4", "checkpoint-5", "final"}));
   const RunResult bad = run(quick({"--steps", "2", "--keep-last", "-1", "--out", out.string()}));
   EXPECT_NE(bad.rc, 0);
   EXPECT_TRUE(contains(bad.err, "--keep-last")) << bad.err;

@@ -13,7 +13,8 @@ namespace {
 
 using nlohmann::json;
 
-std::vector<std::string> quick(std::vector<std::string> extra) {
+// The tier runs' small run: 4 steps of 4 x 16 tokens on 2 threads, JSON out.
+std::vector<std::string> tier_quick(std::vector<std::string> extra) {
   std::vector<std::string> args = {"train",   "--batch", "4",          "--seq-len", "16",
                                    "--steps", "4",       "--threads",  "2",         "--corpus-tokens",
                                    "4096",    "--json"};
@@ -24,10 +25,10 @@ std::vector<std::string> quick(std::vector<std::string> extra) {
 using CliTrainTier = Cli;
 
 TEST_F(CliTrainTier, CpuDeviceGivesTheHostLossesAndReportsItsWork) {
-  const RunResult host = run(quick({}));
+  const RunResult host = run(tier_quick({}));
   ASSERT_EQ(host.rc, 0) << host.err;
   const std::string metrics = path("m.jsonl").string(), profile = path("p.json").string();
-  const RunResult dev = run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
+  const RunResult dev = run(tier_quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
                                    "device", "--metrics", metrics, "--profile-out", profile}));
   ASSERT_EQ(dev.rc, 0) << dev.err;
   const json h = last_json_line(host.out), d = last_json_line(dev.out);
@@ -49,7 +50,7 @@ TEST_F(CliTrainTier, CpuDeviceGivesTheHostLossesAndReportsItsWork) {
   }
   EXPECT_EQ(n, 4);
   // The profile plans a later run's first step (experts resident at once).
-  const RunResult again = run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
+  const RunResult again = run(tier_quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
                                      "device", "--profile-in", profile}));
   ASSERT_EQ(again.rc, 0) << again.err;
   EXPECT_EQ(last_json_line(again.out).at("losses"), h.at("losses"));
@@ -59,7 +60,7 @@ TEST_F(CliTrainTier, CpuDeviceGivesTheHostLossesAndReportsItsWork) {
 
 TEST_F(CliTrainTier, PlacementHostKeepsEveryExpertOnTheHost) {
   const RunResult r =
-      run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement", "host"}));
+      run(tier_quick({"--device", "cpu", "--device-memory", "8MiB", "--placement", "host"}));
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = last_json_line(r.out);
   EXPECT_EQ(j.at("hot_fraction").get<double>(), 0.0);
@@ -67,7 +68,7 @@ TEST_F(CliTrainTier, PlacementHostKeepsEveryExpertOnTheHost) {
 }
 
 TEST_F(CliTrainTier, ExpertAdaptersKeepTheExpertsOnTheHostAndSaySo) {
-  const RunResult r = run(quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
+  const RunResult r = run(tier_quick({"--device", "cpu", "--device-memory", "8MiB", "--placement",
                                  "device", "--lora-rank", "4", "--lora-targets", "gate_proj"}));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "all experts stay on the host")) << r.err;
@@ -94,7 +95,7 @@ TEST_F(CliTrainTier, BadFlagsAreClearErrors) {
                        Bad{{"--device", "cpu", "--device-memory", "8MiB", "--profile-in",
                             wrong.string()},
                            "routing profile"}}) {
-    const RunResult r = run(quick(b.args));
+    const RunResult r = run(tier_quick(b.args));
     EXPECT_EQ(r.rc, 1) << b.says;
     EXPECT_TRUE(contains(r.err, b.says)) << b.says << ": " << r.err;
   }
