@@ -5,8 +5,8 @@
 # GEMM per expert on the same ISA (--per-expert), TierMoE on oneDNN's matmul
 # (--isa onednn, the path before TierMoE's own GEMM), the Hugging Face-style
 # PyTorch expert loop (also in f32 on a CPU without bf16 arithmetic, where
-# that is PyTorch's fast dtype), and kt-kernel's MoE operator where this CPU
-# runs it.
+# that is PyTorch's fast dtype), and kt-kernel's BF16 MoE operator (forward;
+# its BF16 backward exists on AMX only).
 # Prints one table of tokens/s (fwd / lora = forward + dx / full = + dW).
 #
 # Makes its own venv (bench/compare/.venv: torch 2.x, from PyTorch's CPU index
@@ -36,11 +36,12 @@ if [ ! -x "$venv/bin/python" ]; then
         "libraries, about 5 GB)" >&2
       "$venv/bin/pip" install --quiet 'torch>=2,<3'; } ||
     echo "torch 2.x did not install; using the system torch if there is one" >&2
-  # kt-kernel's BF16 MoE needs AMX-BF16 or AVX-512 BF16: elsewhere it is not
-  # installed (it pulls in a full CUDA torch); kt_moe_layer.py says why.
-  if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
-    "$venv/bin/pip" install --quiet 'kt-kernel>=0.7,<0.8' || echo "kt-kernel did not install" >&2
-  fi
+  # kt-kernel's wheel carries AMX, AVX-512 and AVX2 variants and loads the one
+  # this CPU runs. Installed without its pinned torch (kt_kernel_ext does not
+  # link torch, and the pin would pull in a second CUDA torch); what its
+  # import needs besides torch is numpy, safetensors and gguf.
+  "$venv/bin/pip" install --quiet --no-deps 'kt-kernel>=0.7,<0.8' &&
+    "$venv/bin/pip" install --quiet numpy safetensors gguf || echo "kt-kernel did not install" >&2
 fi
 py="$venv/bin/python"
 # The PyTorch baseline: the venv's torch, else the system python's (Debian's

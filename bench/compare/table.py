@@ -20,7 +20,8 @@ def cell(path):
     except Exception as e:
         return f"no result ({e})", None
     if "tokens_per_s" in j:
-        extra = f" [{j['isa']}]" if "isa" in j else (f" [torch {j['torch']}]" if "torch" in j else "")
+        extra = (f" [{j['isa']}]" if "isa" in j else f" [torch {j['torch']}]" if "torch" in j
+                 else f" [{j['variant']}]" if "variant" in j else "")
         return f"{j['tokens_per_s']:,.0f}{extra}", j["tokens_per_s"]
     return "not run", j.get("not_run") or j.get("error")
 
