@@ -9,7 +9,9 @@
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
 #include "tiermoe/kernels/cpu_peak.h"
+#include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/expert_kernels.h"
+#include "tiermoe/moe/expert_math.h"
 
 namespace tiermoe {
 
@@ -102,6 +104,7 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
     Tensor h = Tensor::empty({N, 2 * F}, opt.dtype), a = Tensor::empty({N, F}, opt.dtype);
     Tensor as = Tensor::empty({N, F}, opt.dtype), y = Tensor::empty({N, D}, opt.dtype);
     Tensor da = Tensor::empty({N, F}, opt.dtype), dx = Tensor::empty({N, D}, opt.dtype);
+    Tensor dh_all = Tensor::empty({N, 2 * F}, opt.dtype);
     Tensor score = Tensor::empty({N}, DType::f32);
     score.fill(0.5);
     const Tensor none;
@@ -111,6 +114,29 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
       std::function<void()> run;
     };
     const double mnk = 2.0 * double(N) * double(D) * double(F);
+    // The weight gradients as a full fine-tuning backward computes them: per
+    // expert, spread over the cores expert by expert (for_each_expert), each
+    // a sum over its rows in the tier's row blocks (moe/expert_math.h) into a
+    // scratch sum, as moe/expert_kernels.h does. The W13 side includes the
+    // SwiGLU backward that makes dh (elementwise, no flops counted).
+    auto rows = [&](const Tensor& t, int64_t e) {
+      return t.rows(offset_E[size_t(e)], offset_E[size_t(e) + 1]);
+    };
+    auto weight_grads = [&](bool w13) {
+      for_each_expert(offset_E, [&](int64_t e) {
+        ExpertGrads sum = ExpertGrads::empty(cfg, experts.grad_dtype());
+        ExpertRowsActs acts;
+        acts.x_MD = rows(x, e), acts.h_M2F = rows(h, e), acts.a_MF = rows(a, e);
+        Tensor no_dscore;
+        if (w13) {
+          Tensor dh = rows(dh_all, e), da_e = rows(da, e);
+          expert_backward_w13_side(experts.math(e), dh, no_dscore, da_e, acts, none, &sum, false);
+        } else {
+          expert_backward_w2_side(experts.math(e), no_dscore, rows(dy, e), acts, none, &sum, false,
+                                  false);
+        }
+      });
+    };
     const Kernel kernels[] = {
         {"w13_glu", 2 * mnk,
          [&] {
@@ -123,6 +149,8 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
          [&] { cpu::grouped_matmul(da, dy, offset_E, packs.get(experts, ExpertPack::w2_dx)); }},
         {"w13_dx", 2 * mnk,
          [&] { cpu::grouped_matmul(dx, h, offset_E, packs.get(experts, ExpertPack::w13_dx)); }},
+        {"dw2", mnk, [&] { weight_grads(false); }},
+        {"dw13", 2 * mnk, [&] { weight_grads(true); }},
     };
     for (const Kernel& k : kernels) {
       k.run();  // warm-up: scratch, caches

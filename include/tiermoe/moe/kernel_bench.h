@@ -1,5 +1,6 @@
 #pragma once
-// The grouped expert kernels (moe/expert_kernels.h) timed one by one, for
+// The grouped expert kernels (moe/expert_kernels.h) and the weight
+// gradients beside them timed one by one, for
 // `tiermoe bench expert-kernels`: at a preset's expert shapes, for several
 // rows per expert, each kernel's TFLOP/s beside the multiply-add peak of the
 // ISA measured in the same run (kernels/cpu_peak.h). The weights are packed
@@ -25,7 +26,9 @@ struct ExpertKernelBenchOptions {
 };
 
 struct ExpertKernelTiming {
-  std::string kernel;  // w13_glu (fused W13 + activation + score), w2, w2_dx, w13_dx
+  // w13_glu (fused W13 + activation + score), w2, w2_dx, w13_dx; dw2 and dw13
+  // (the weight gradients, per expert as full fine-tuning runs them)
+  std::string kernel;
   int64_t rows_per_expert = 0, experts = 0;
   double seconds = 0, tflops = 0;
   double of_peak = 0;  // tflops / peak (0 when no peak was measured)
