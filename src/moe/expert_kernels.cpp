@@ -41,6 +41,14 @@ bool ExpertPacks::packs_fit(uint64_t stack_bytes, uint64_t available) {
   return need <= available / 2;
 }
 
+int64_t ExpertPacks::packed_bytes(int64_t experts, int64_t D, int64_t F, bool gpt_oss, DType dt) {
+  const Glu glu{gpt_oss ? GluKind::clamped : GluKind::swiglu};
+  return PackedWeights::storage_bytes(experts, 2 * F, D, dt, PackUse::forward_glu, glu) +
+         PackedWeights::storage_bytes(experts, D, F, dt, PackUse::forward) +
+         PackedWeights::storage_bytes(experts, 2 * F, D, dt, PackUse::backward_dx) +
+         PackedWeights::storage_bytes(experts, D, F, dt, PackUse::backward_dx);
+}
+
 const PackedWeights& ExpertPacks::get(const GroupedExperts& experts, ExpertPack which) {
   std::lock_guard lock(mutex_);
   Slot& s = slots_[int(which)];

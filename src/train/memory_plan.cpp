@@ -2,8 +2,8 @@
 // what each tag holds). The byte counts follow the tensors the model, the MoE
 // layer and the trainer allocate (causal_lm.cpp, decoder_layer.cpp,
 // attention_block.cpp, dense_mlp.cpp, moe_layer.cpp, expert_math.cpp,
-// lora.cpp, parameter.cpp); tests/train/test_memory_plan.cpp holds every tag
-// within 10% of the measured peak.
+// lora.cpp, parameter.cpp, expert_kernels.cpp); tests/train/test_memory_plan.cpp
+// holds every tag within 10% of the measured peak.
 #include "tiermoe/train/memory_plan.h"
 
 #include <algorithm>
@@ -12,9 +12,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tiermoe/core/bounds.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/hf_names.h"
+#include "tiermoe/kernels/cpu_isa.h"
 #include "tiermoe/model/lora.h"
+#include "tiermoe/moe/expert_kernels.h"
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/moe/regions.h"
 #include "tiermoe/remat/policy.h"
@@ -131,6 +134,12 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const bool mapped = lora && stored.has_value();
   int64_t trainable = 0, replicated_trainable = 0, lora_attn_modules = 0, lora_dense_modules = 0;
   bool lora_w13 = false, lora_w2 = false;
+  // One adapted projection's backward (model/lora.cpp) holds, per row, the
+  // branch gradient (out) and du (R) in the master dtype, and in a bf16 run
+  // the input widened to it (in); the largest of an attention block's and of
+  // a dense MLP's adapted projections.
+  int64_t lora_attn_bwd = 0, lora_dense_bwd = 0;
+  const bool widened = lora && lora_master_dtype(dt) != dt;
   for (const HfTensor& t : hf_tensors(c)) {
     if (t.role == HfRole::expert && t.expert >= El) continue;
     const size_t n = size_t(shape_numel(t.shape));
@@ -153,8 +162,15 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     trainable += adapter;
     if (t.role != HfRole::expert) replicated_trainable += adapter;
     at(p, MemTag::weights) += size_t(adapter) * master;
-    if (t.role == HfRole::attention) ++lora_attn_modules;
-    if (t.role == HfRole::dense_mlp) ++lora_dense_modules;
+    const int64_t bwd = t.shape[0] + R + (widened ? t.shape[1] : 0);  // [out, in]
+    if (t.role == HfRole::attention) {
+      ++lora_attn_modules;
+      lora_attn_bwd = std::max(lora_attn_bwd, bwd);
+    }
+    if (t.role == HfRole::dense_mlp) {
+      ++lora_dense_modules;
+      lora_dense_bwd = std::max(lora_dense_bwd, bwd);
+    }
     if (t.role == HfRole::expert) {
       const std::string m = module_of(t.name);
       (m.ends_with("down_proj") || m.ends_with(".w2") ? lora_w2 : lora_w13) = true;
@@ -166,6 +182,32 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     const size_t copied = size_t(stored->copied_w13) * dtype_size(stored->dtype);
     at(p, MemTag::mapped) -= copied;
     at(p, MemTag::weights) += copied;
+  }
+  // Frozen experts without adapters run on the grouped kernels, which keep
+  // packed copies of every MoE layer's stacks (moe/expert_kernels.h) under
+  // `weights`: when the stacks hold the run's dtype (a preset's init, or a
+  // checkpoint's fused stacks at least as wide), on a TierMoE ISA, and while
+  // the packs fit ExpertPacks' rule, which each layer applies at its first
+  // pack to the memory left then (here: what is available now, less the
+  // plan's own bytes so far and the layers packed before it).
+  const bool stacked =
+      !stored.has_value() || (stored->fused_experts && dtype_size(stored->dtype) >= dtype_size(dt));
+  const bool grouped = lora && !lora_w13 && !lora_w2 && El > 0 &&
+                       (dt == DType::f32 || dt == DType::bf16) && cpu_isa() != CpuIsa::onednn &&
+                       stacked;
+  int64_t packed_layers = 0;
+  if (grouped) {
+    const uint64_t stack =
+        uint64_t(El) * uint64_t(3 * c.moe_intermediate_size * c.hidden_size) * z.s;
+    const uint64_t packs =
+        uint64_t(ExpertPacks::packed_bytes(El, c.hidden_size, c.moe_intermediate_size, false, dt));
+    uint64_t left = host_memory_available();
+    for (size_t b : p.peak) left -= std::min<uint64_t>(left, b);
+    for (int64_t l = 0; l < c.num_moe_layers() && ExpertPacks::packs_fit(stack, left); ++l) {
+      at(p, MemTag::weights) += packs;
+      left -= std::min(left, packs);
+      ++packed_layers;
+    }
   }
   at(p, MemTag::grads) = size_t(trainable) * master;
   // A router holds its gradient buffer even while frozen (moe/router.h).
@@ -211,16 +253,23 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const size_t ND = size_t(z.N) * z.D * z.s, NK = size_t(z.N * z.K);
   const int64_t HP = z.H * z.P, KP = z.Hkv * z.P;
   const size_t attn_bwd =
-      5 * ND + size_t(z.N) * (HP + HP + 2 * KP + (c.qk_norm() == QkNorm::none ? 0 : HP + KP)) * z.s;
+      5 * ND +
+      size_t(z.N) * (HP + HP + 2 * KP + (c.qk_norm() == QkNorm::none ? 0 : HP + KP)) * z.s +
+      size_t(z.N * lora_attn_bwd) * master;
   size_t mlp_bwd = 0;
   if (moe_layers) {
     const size_t rows = std::min(NK, 2 * ((NK + size_t(z.E) - 1) / size_t(z.E)));
     const size_t lora_rows = (lora_w13 || lora_w2) ? rows * size_t(z.D + z.F) * 2 * 4 : 0;
     const size_t one_expert = rows * size_t(z.D + 4 * z.F) * z.s + lora_rows;
-    mlp_bwd = 3 * ND + 2 * NK * z.D * z.s + 2 * NK * z.a +
-              size_t(std::max(1, num_threads())) * one_expert;
+    // The grouped backward holds da and dh for all NK rows at once instead.
+    const size_t experts_bwd = packed_layers > 0 ? NK * size_t(3 * z.F) * z.s
+                                                 : size_t(std::max(1, num_threads())) * one_expert;
+    mlp_bwd = 3 * ND + 2 * NK * z.D * z.s + 2 * NK * z.a + experts_bwd;
   }
-  if (dense_layers) mlp_bwd = std::max(mlp_bwd, 3 * ND + size_t(z.N) * 3 * z.I * z.s);
+  if (dense_layers) {
+    mlp_bwd = std::max(
+        mlp_bwd, 3 * ND + size_t(z.N) * 3 * z.I * z.s + size_t(z.N * lora_dense_bwd) * master);
+  }
   at(p, MemTag::activations) = kept + std::max({head, attn_bwd, mlp_bwd});
 
   if (moe_layers) {

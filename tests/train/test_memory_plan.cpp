@@ -32,6 +32,9 @@ struct Case {
   DType dtype;
   std::string remat;
   int64_t batch, seq_len;
+  // LoRA on the experts too; without, the default targets (attention) leave
+  // the experts frozen on the grouped kernels, with their packed copies.
+  bool adapt_experts = true;
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& i) {
@@ -40,8 +43,9 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   for (char& ch : remat) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
-  return c.preset + (c.lora ? "_lora_" : "_full_") + std::string(dtype_name(c.dtype)) + "_" +
-         remat + "_" + std::to_string(c.batch) + "x" + std::to_string(c.seq_len);
+  return c.preset + (c.lora ? (c.adapt_experts ? "_lora_" : "_lora_attn_") : "_full_") +
+         std::string(dtype_name(c.dtype)) + "_" + remat + "_" + std::to_string(c.batch) + "x" +
+         std::to_string(c.seq_len);
 }
 
 TrainConfig config_of(const Case& k) {
@@ -57,7 +61,8 @@ TrainConfig config_of(const Case& k) {
   if (k.lora) {
     c.lora = LoraConfig{};
     c.lora->rank = 4;
-    c.lora->targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    c.lora->targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    if (k.adapt_experts) c.lora->targets.insert({"gate_proj", "up_proj", "down_proj"});
   }
   return c;
 }
@@ -98,7 +103,10 @@ INSTANTIATE_TEST_SUITE_P(Presets, MemoryPlanCases,
                                            Case{"small", true, DType::f32, "none", 2, 128},
                                            Case{"small", false, DType::f32, "none", 2, 128},
                                            Case{"small", false, DType::bf16, "full", 2, 128},
-                                           Case{"small", true, DType::f32, "save-w2-only", 4, 64}),
+                                           Case{"small", true, DType::f32, "save-w2-only", 4, 64},
+                                           Case{"tiny", true, DType::bf16, "none", 4, 64, false},
+                                           Case{"tiny", true, DType::f32, "default", 4, 64, false},
+                                           Case{"small", true, DType::bf16, "none", 2, 128, false}),
                          case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most

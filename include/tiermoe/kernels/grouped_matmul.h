@@ -56,6 +56,10 @@ class PackedWeights {
   // and reused when a re-pack needs no more bytes. Keeps a view of w_GNK,
   // which the ref twins read; the caller re-packs after changing it.
   void pack(const Tensor& w_GNK, PackUse use, Glu glu = {});
+  // The bytes pack() allocates for a [G, N, K] stack of dtype dt (f32 or
+  // bf16) on the process's ISA, without packing (memory plans).
+  static int64_t storage_bytes(int64_t G, int64_t N, int64_t K, DType dt, PackUse use,
+                               Glu glu = {});
   bool packed() const { return storage_.defined(); }
   CpuIsa isa() const { return isa_; }
   PackUse use() const { return use_; }

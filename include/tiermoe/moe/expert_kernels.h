@@ -62,6 +62,10 @@ class ExpertPacks {
   // The rule: packs of stacks of `stack_bytes` (W13 and W2 together) fit
   // when about 2.25x that is at most half of `available`.
   static bool packs_fit(uint64_t stack_bytes, uint64_t available);
+  // The bytes the four packed stacks of `experts` experts of hidden D and
+  // ffn F (gpt_oss: the clamped activation's layout) in dtype dt (f32 or
+  // bf16) allocate on this process's ISA: what a memory plan counts.
+  static int64_t packed_bytes(int64_t experts, int64_t D, int64_t F, bool gpt_oss, DType dt);
   // The stack packed for `which`, packed on first use and again when the
   // weights' version or the process's ISA changed. Thread-safe; the result
   // stays valid until the next weight change.

@@ -14,7 +14,8 @@
 //                below) and holds only norms, biases and routers, plus the
 //                adapters (fp32), and the W13 matrices whose gate and up
 //                parts the checkpoint's shards do not hold back to back
-//                (copied at the stored width);
+//                (copied at the stored width); frozen experts on the grouped
+//                kernels add their packed copies (moe/expert_kernels.h);
 //   mapped       the checkpoint's matrices read in place (LoRA from a
 //                checkpoint): their bytes at the stored width;
 //   grads        one gradient per trainable parameter (a), plus a second copy
@@ -28,7 +29,8 @@
 //                projections, norms, residual stream, dense MLPs, LoRA
 //                intermediates), alive until backward ends, plus the largest
 //                transient on top of it: an LM head chunk (its logits and
-//                their gradient), or one layer's backward buffers;
+//                their gradient), or one layer's backward buffers (an adapted
+//                projection's LoRA backward among them);
 //   device       the device tier's budget (an upper bound: it holds at most that).
 // Peaks of different tags need not coincide, so total() (their sum) bounds
 // the run's tracked peak from above. Not tracked, so not planned: the
@@ -63,7 +65,11 @@ struct StoredMatrices {
   // Elements of rank 0's W13 matrices a mapped bind copies
   // (model/checkpoint.h: copied_w13_elements).
   int64_t copied_w13 = 0;
-  StoredMatrices(DType d, int64_t copied = 0) : dtype(d), copied_w13(copied) {}
+  // Whether its experts are stored as fused stacks (experts.gate_up_proj),
+  // which bind as [E, ...] stacks rather than one expert at a time.
+  bool fused_experts = false;
+  StoredMatrices(DType d, int64_t copied = 0, bool fused = false)
+      : dtype(d), copied_w13(copied), fused_experts(fused) {}
 };
 
 // The plan of `config` on `model`. `stored` describes the checkpoint the run

@@ -52,7 +52,44 @@ GluBlocks glu_blocks(const gemm::Microkernel& uk, int64_t F) {
   return {nc, nc / 2, F, uk.nr};
 }
 
+// How a [G, N, K] stack is packed for `use` on uk: B of the product is
+// Kb x Nb, element (k, j) of weight g at w_g[k * rs + j * cs]; its C columns
+// as packed (the swiglu layout regrouped into blocks), K padded to Kp, and
+// each group's panels of uk.nr columns, panel_bytes each.
+struct PackLayout {
+  bool regroup = false;
+  GluBlocks blocks;
+  int64_t Kb = 0, Nb = 0, rs = 0, cs = 0;
+  int64_t cols = 0, Kp = 0, panel_bytes = 0, panels = 0;
+  int64_t group_bytes() const { return panels * panel_bytes; }
+};
+
+PackLayout pack_layout(const gemm::Microkernel& uk, int64_t N, int64_t K, PackUse use, Glu glu) {
+  PackLayout l;
+  l.regroup = use == PackUse::forward_glu && glu.kind == GluKind::swiglu;
+  const bool dx = use == PackUse::backward_dx;
+  l.Kb = dx ? N : K, l.Nb = dx ? K : N, l.rs = dx ? K : 1, l.cs = dx ? 1 : K;
+  l.blocks = l.regroup ? glu_blocks(uk, N / 2) : GluBlocks{};
+  l.cols = l.regroup ? l.blocks.cols() : l.Nb;
+  l.Kp = round_up(l.Kb, uk.k_step);
+  l.panel_bytes = gemm::b_panel_bytes(uk, l.Kp);
+  l.panels = ceil_div(l.cols, uk.nr);
+  return l;
+}
+
+// The buffer of G groups' panels: whole bf16 elements, at least one.
+Shape storage_shape(int64_t G, const PackLayout& l) {
+  return {std::max<int64_t>(1, ceil_div(G * l.group_bytes(), 2))};
+}
+
 }  // namespace
+
+int64_t PackedWeights::storage_bytes(int64_t G, int64_t N, int64_t K, DType dt, PackUse use,
+                                     Glu glu) {
+  const PackLayout l =
+      pack_layout(kernel_for(cpu_isa(), dt, "PackedWeights::storage_bytes"), N, K, use, glu);
+  return 2 * storage_shape(G, l)[0];
+}
 
 void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
   const char* op = "PackedWeights::pack";
@@ -62,23 +99,19 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
                        w_GNK.defined() ? w_GNK.str() : std::string("undefined")),
                 op, "pass the stacked weights, e.g. w13_EFD");
   const int64_t G = w_GNK.size(0), N = w_GNK.size(1), K = w_GNK.size(2);
-  const bool regroup = use == PackUse::forward_glu && glu.kind == GluKind::swiglu;
   TIERMOE_CHECK(use != PackUse::forward_glu || N % 2 == 0,
                 str_of(op, ": a GLU weight needs an even output count, got ", N), op,
                 "W13 stacks gate and up rows: [G, 2F, D]");
   const CpuIsa isa = cpu_isa();
   const gemm::Microkernel& uk = kernel_for(isa, w_GNK.dtype(), op);
-  // B of the product, K_b x N_b: element (k, j) at w_g[k * rs + j * cs].
-  const bool dx = use == PackUse::backward_dx;
-  const int64_t Kb = dx ? N : K, Nb = dx ? K : N, rs = dx ? K : 1, cs = dx ? 1 : K;
-  const GluBlocks blocks = regroup ? glu_blocks(uk, N / 2) : GluBlocks{};
-  const int64_t cols = regroup ? blocks.cols() : Nb;
-  const int64_t Kp = round_up(Kb, uk.k_step), panel = gemm::b_panel_bytes(uk, Kp);
-  const int64_t panels = ceil_div(cols, uk.nr), group_bytes = panels * panel;
-  const int64_t need = G * group_bytes;
-  if (!storage_.defined() || storage_.nbytes() < size_t(need)) {
-    storage_ = Tensor::empty({std::max<int64_t>(1, ceil_div(need, 2))}, DType::bf16,
-                             MemTag::weights);
+  const PackLayout l = pack_layout(uk, N, K, use, glu);
+  const bool regroup = l.regroup, dx = use == PackUse::backward_dx;
+  const GluBlocks& blocks = l.blocks;
+  const int64_t Kb = l.Kb, Nb = l.Nb, rs = l.rs, cs = l.cs, cols = l.cols, Kp = l.Kp;
+  const int64_t panel = l.panel_bytes, panels = l.panels, group_bytes = l.group_bytes();
+  const Shape shape = storage_shape(G, l);
+  if (!storage_.defined() || storage_.numel() < shape[0]) {
+    storage_ = Tensor::empty(shape, DType::bf16, MemTag::weights);
   }
   source_ = w_GNK;
   isa_ = isa;
