@@ -16,6 +16,7 @@
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/kernels/cpu_isa.h"
+#include "tiermoe/kernels/matmul_mixed.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/moe/expert_kernels.h"
 #include "tiermoe/moe/moe_layer.h"
@@ -70,6 +71,18 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_a
   b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;      // o, lse
   b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
   if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
+  return b;
+}
+
+// The scratch of one *_mixed product (kernels/matmul_mixed.h), whose weight
+// is stored narrower than the run: the weight widened in blocks of `depth`
+// values per column, at most kMixedScratchBytes, and unless one block holds
+// all `width` columns, the block's output for `rows` rows.
+size_t mixed_scratch(int64_t rows, int64_t depth, int64_t width, size_t s) {
+  const int64_t cols =
+      std::clamp<int64_t>(int64_t(kMixedScratchBytes / (size_t(depth) * s)), 1, width);
+  size_t b = size_t(cols * depth) * s;
+  if (cols < width) b += size_t(rows * cols) * s;
   return b;
 }
 
@@ -242,8 +255,22 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   kept += size_t(z.N) * z.D * z.s;      // the last layer's output (the final norm's input)
   kept += 2 * size_t(z.N) * z.P * z.s;  // RoPE cos and sin
   kept += size_t(z.N) * z.D * z.s + size_t(z.N) * z.a;  // final norm output and rstd
+  // Matrices stored narrower than the run (a mapped bf16 checkpoint in an f32
+  // run) add a *_mixed product's scratch to each transient below: the LM
+  // head's, and the largest dx product's in attention and the dense MLP; per
+  // thread in the per-expert products.
+  const bool mixed = mapped && dtype_size(stored->dtype) < dtype_size(dt);
+  auto mixed_dx = [&](int64_t rows, std::initializer_list<std::pair<int64_t, int64_t>> out_in) {
+    size_t b = 0;
+    for (auto [out, in] : out_in) b = std::max(b, mixed_scratch(rows, out, in, z.s));
+    return mixed ? b : 0;
+  };
+  // The LM head: dn, a chunk's logits and their gradient, and the scratch of
+  // the head's products (forward, then dx).
   const int64_t C = cfg.lm_head_chunk == 0 ? z.N : std::min(cfg.lm_head_chunk, z.N);
-  const size_t head = size_t(z.N) * z.D * z.s + 2 * size_t(C) * z.V * z.s;  // dn, logits, dlogits
+  const size_t head =
+      size_t(z.N) * z.D * z.s + 2 * size_t(C) * z.V * z.s +
+      (mixed ? std::max(mixed_scratch(C, z.D, z.V, z.s), mixed_scratch(C, z.V, z.D, z.s)) : 0);
   // A layer's backward. The MLP half: dx, dprev and dm on the residual
   // stream, then the MoE's dy and dx rows, their d scores and one expert's
   // buffers at a time per thread (dy, da, dh, the scaled input; with LoRA
@@ -255,20 +282,27 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const size_t attn_bwd =
       5 * ND +
       size_t(z.N) * (HP + HP + 2 * KP + (c.qk_norm() == QkNorm::none ? 0 : HP + KP)) * z.s +
-      size_t(z.N * lora_attn_bwd) * master;
+      size_t(z.N * lora_attn_bwd) * master + mixed_dx(z.N, {{HP, z.D}, {KP, z.D}, {z.D, HP}});
   size_t mlp_bwd = 0;
   if (moe_layers) {
     const size_t rows = std::min(NK, 2 * ((NK + size_t(z.E) - 1) / size_t(z.E)));
     const size_t lora_rows = (lora_w13 || lora_w2) ? rows * size_t(z.D + z.F) * 2 * 4 : 0;
-    const size_t one_expert = rows * size_t(z.D + 4 * z.F) * z.s + lora_rows;
+    const size_t one_expert = rows * size_t(z.D + 4 * z.F) * z.s + lora_rows +
+                              mixed_dx(int64_t(rows), {{2 * z.F, z.D}, {z.D, z.F}});
     // The grouped backward holds da and dh for all NK rows at once instead.
     const size_t experts_bwd = packed_layers > 0 ? NK * size_t(3 * z.F) * z.s
                                                  : size_t(std::max(1, num_threads())) * one_expert;
-    mlp_bwd = 3 * ND + 2 * NK * z.D * z.s + 2 * NK * z.a + experts_bwd;
+    // The router's backward comes after the experts': its logits' gradient
+    // beside the top-k weights' and, in a bf16 run, dx and W widened to fp32
+    // (moe/router.cpp).
+    const size_t router_bwd =
+        size_t(z.N * (z.E + z.K)) * z.a + (dt == DType::bf16 ? size_t((z.N + z.E) * z.D) * 4 : 0);
+    mlp_bwd = 3 * ND + 2 * NK * z.D * z.s + 2 * NK * z.a + std::max(experts_bwd, router_bwd);
   }
   if (dense_layers) {
-    mlp_bwd = std::max(
-        mlp_bwd, 3 * ND + size_t(z.N) * 3 * z.I * z.s + size_t(z.N * lora_dense_bwd) * master);
+    mlp_bwd = std::max(mlp_bwd, 3 * ND + size_t(z.N) * 3 * z.I * z.s +
+                                    size_t(z.N * lora_dense_bwd) * master +
+                                    mixed_dx(z.N, {{2 * z.I, z.D}, {z.D, z.I}}));
   }
   at(p, MemTag::activations) = kept + std::max({head, attn_bwd, mlp_bwd});
 

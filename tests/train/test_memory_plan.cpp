@@ -23,6 +23,7 @@ namespace {
 // up_proj land in different files.
 constexpr uint64_t kSplitShardBytes = 10000;
 
+using detail::str_of;
 using testing::TempDir;
 using testing::throws_error_with;
 
@@ -161,6 +162,26 @@ TEST(MemoryPlan, W13PartsSplitAcrossShardsArePlannedAsCopies) {
     EXPECT_EQ(s.memory_plan.at(tag).at("predicted").get<size_t>(),
               s.memory_plan.at(tag).at("measured").get<size_t>())
         << tag;
+  }
+  set_num_threads(0);
+}
+
+// A wide router (D 256, E 64) over few tokens: the router's backward, with
+// dx and W widened to fp32 in a bf16 run, is the layer's largest transient;
+// in an f32 run on the bf16 checkpoint, the mixed-width products' scratch
+// (the weights widened block by block) is.
+TEST(MemoryPlan, RouterAndMixedWidthTransientsAtFewTokens) {
+  set_num_threads(1);
+  TempDir dir;
+  ModelConfig mc = preset("tiny");
+  mc.hidden_size = 256;
+  mc.num_experts = 64;
+  CausalLM(mc, DType::bf16).save_checkpoint(dir.path().string(), DType::bf16);
+  for (DType dt : {DType::bf16, DType::f32}) {
+    TrainConfig c = config_of({"tiny", true, dt, "none", 1, 16});
+    c.model_dir = dir.path().string();
+    const TrainSummary s = run_training(c, RunControl{});
+    expect_within_10_percent(s.memory_plan, str_of("wide router, ", dtype_name(dt)));
   }
   set_num_threads(0);
 }
