@@ -35,6 +35,9 @@ TEST(ExpertKernelBench, TimesEveryKernelForEveryRowCount) {
       EXPECT_EQ(t.experts, i < names.size() ? 4 : 2) << t.kernel;
       EXPECT_GT(t.seconds, 0) << t.kernel;
       EXPECT_GT(t.tflops, 0) << t.kernel;
+      if (r.peak_tflops > 0) {
+        EXPECT_DOUBLE_EQ(t.of_peak, t.tflops / r.peak_tflops) << t.kernel;
+      }
     }
     EXPECT_GT(r.pack_bytes, 0);
     EXPECT_NE(r.to_json().find("\"kernel\": \"dw13\""), std::string::npos);

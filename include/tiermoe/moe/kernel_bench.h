@@ -37,7 +37,7 @@ struct ExpertKernelTiming {
 struct ExpertKernelBenchResult {
   std::string isa, dtype;
   int threads = 0;
-  double peak_tflops = 0;  // measured, same run; 0 on emulated ISAs
+  double peak_tflops = 0;  // measured before and after the kernels, the higher; 0 on emulated ISAs
   double pack_s = 0;       // packing all four stacks once (first touch of the buffers included)
   double repack_s = 0;     // packing them again, as full fine-tuning does after each step
   int64_t pack_bytes = 0;
