@@ -118,7 +118,10 @@ PaddedDispatcher PaddedDispatcher::to_ladder(std::vector<int64_t> buckets) {
 std::string PaddedDispatcher::name() const {
   if (buckets_.empty()) return "padded(multiple " + std::to_string(multiple_) + ")";
   std::string s = "padded(ladder";
-  for (int64_t b : buckets_) s += " " + std::to_string(b);
+  for (int64_t b : buckets_) {
+    s += ' ';
+    s += std::to_string(b);
+  }
   return s + ")";
 }
 

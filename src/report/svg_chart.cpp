@@ -10,6 +10,13 @@ namespace tiermoe {
 
 namespace {
 
+// A line's CSS class: one of the eight colours.
+std::string line_class(const ChartLine& l) {
+  std::string c = "c";
+  c += std::to_string(l.color % 8);
+  return c;
+}
+
 // The plot's box inside the SVG (px).
 constexpr double kWidth = 760, kHeight = 280;
 constexpr double kLeft = 76, kRight = 18, kTop = 14, kBottom = 46;
@@ -248,7 +255,7 @@ std::string line_chart_html(const LineChartSpec& spec) {
 
   for (size_t k = 0; k < spec.lines.size(); ++k) {
     const ChartLine& l = spec.lines[k];
-    const std::string cls = "c" + std::to_string(l.color % 8);
+    const std::string cls = line_class(l);
     if (spec.stacked) {
       os << "<polygon class=\"area " << cls << "\" points=\""
          << area_points(l, bases[k], sx, sy, spec.max_points) << "\"/>";
@@ -272,7 +279,7 @@ std::string line_chart_html(const LineChartSpec& spec) {
   }
   os << "</svg><ul class=\"legend\">";
   for (const ChartLine& l : spec.lines) {
-    const std::string cls = "c" + std::to_string(l.color % 8);
+    const std::string cls = line_class(l);
     const std::string kind = spec.stacked ? "area " : l.dots ? "dot " : "ln ";
     const std::string last =
         spec.legend_last && !l.y.empty() ? " (" + format_value(l.y.back(), spec.y_kind) + ")" : "";

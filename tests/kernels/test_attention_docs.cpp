@@ -23,7 +23,7 @@ constexpr int64_t B = 2, T = 19, Hq = 4, Hkv = 2, P = 8;
 // one token sees only itself).
 std::vector<int32_t> doc_starts() {
   std::vector<int32_t> s;
-  for (const std::vector<int> lens : {std::vector<int>{5, 9, 5}, std::vector<int>{7, 1, 11}}) {
+  for (const std::vector<int>& lens : {std::vector<int>{5, 9, 5}, std::vector<int>{7, 1, 11}}) {
     int start = 0;
     for (int len : lens) {
       for (int i = 0; i < len; ++i) s.push_back(start);
@@ -147,7 +147,7 @@ TEST(AttentionDocs, RejectsAMalformedLayout) {
          k = random_tensor({1, 4, 1, P}, DType::f64, rng);
   Tensor v = random_tensor({1, 4, 1, P}, DType::f64, rng);
   Tensor out = Tensor::empty(q.shape(), DType::f64), lse = Tensor::empty({1, 4, 2}, DType::f64);
-  for (const std::vector<int32_t> bad :
+  for (const std::vector<int32_t>& bad :
        {std::vector<int32_t>{0, 0, 1, 1}, std::vector<int32_t>{1, 1, 1, 1},
         std::vector<int32_t>{0, 0, 2, 0}, std::vector<int32_t>{0, 0, 0}}) {
     EXPECT_THROW(cpu::attention_forward_docs(out, lse, q, k, v, bad), Error);
