@@ -105,10 +105,6 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
   const CpuIsa isa = cpu_isa();
   const gemm::Microkernel& uk = kernel_for(isa, w_GNK.dtype(), op);
   const PackLayout l = pack_layout(uk, N, K, use, glu);
-  const bool regroup = l.regroup, dx = use == PackUse::backward_dx;
-  const GluBlocks& blocks = l.blocks;
-  const int64_t Kb = l.Kb, Nb = l.Nb, rs = l.rs, cs = l.cs, cols = l.cols, Kp = l.Kp;
-  const int64_t panel = l.panel_bytes, panels = l.panels, group_bytes = l.group_bytes();
   const Shape shape = storage_shape(G, l);
   if (!storage_.defined() || storage_.numel() < shape[0]) {
     storage_ = Tensor::empty(shape, DType::bf16, MemTag::weights);
@@ -117,24 +113,25 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
   isa_ = isa;
   use_ = use;
   glu_ = glu;
-  G_ = G, N_ = N, K_ = K, packed_cols_ = cols, group_bytes_ = group_bytes;
+  G_ = G, N_ = N, K_ = K, packed_cols_ = l.cols, group_bytes_ = l.group_bytes();
   const size_t es = dtype_size(w_GNK.dtype());
   char* dst = static_cast<char*>(storage_.raw());
   auto pack_panel = [&](int64_t t, int64_t k0, int64_t kc) {
-    const int64_t g = t / panels, p = t % panels, j = p * uk.nr;
+    const int64_t g = t / l.panels, p = t % l.panels, j = p * uk.nr;
     const char* w = static_cast<const char*>(w_GNK.raw()) + size_t(g * N * K) * es;
     // Panel p's source columns: contiguous, `valid` of them from `first`.
-    int64_t first = j, valid = std::min<int64_t>(uk.nr, Nb - j);
-    if (regroup) {
+    int64_t first = j, valid = std::min<int64_t>(uk.nr, l.Nb - j);
+    if (l.regroup) {
+      const GluBlocks& blocks = l.blocks;
       const int64_t b = j / blocks.nc, local = j % blocks.nc, wp = blocks.padded(b);
       const bool up = local >= wp;
       const int64_t c = local - (up ? wp : 0);
       first = (up ? blocks.F : 0) + b * blocks.h + c;
       valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
     }
-    const gemm::Mat src{w + size_t(first * cs) * es, rs, cs};
-    gemm::pack_b(uk, src, 0, valid, k0, kc, Kb,
-                 dst + g * group_bytes + p * panel + gemm::b_panel_bytes(uk, k0));
+    const gemm::Mat src{w + size_t(first * l.cs) * es, l.rs, l.cs};
+    gemm::pack_b(uk, src, 0, valid, k0, kc, l.Kb,
+                 dst + g * l.group_bytes() + p * l.panel_bytes + gemm::b_panel_bytes(uk, k0));
   };
   // The order follows the source's contiguous runs, so the weights stream
   // from memory once with few concurrent streams (packing is bound by
@@ -143,12 +140,12 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
   // steps of K (weight rows): each step's rows are read 32 bytes per panel,
   // panel after panel, and stay in L1 meanwhile. A panel over all of K is the
   // concatenation of its steps (microkernel.h), so both give one layout.
-  const int64_t k_step = dx ? round_up(32, uk.k_step) : Kp;
-  parallel_for(G * panels, 1, [&](int64_t t0, int64_t t1) {
+  const int64_t k_step = use == PackUse::backward_dx ? round_up(32, uk.k_step) : l.Kp;
+  parallel_for(G * l.panels, 1, [&](int64_t t0, int64_t t1) {
     for (int64_t g0 = t0; g0 < t1;) {
-      const int64_t g1 = std::min(t1, (g0 / panels + 1) * panels);  // this group's items
-      for (int64_t k0 = 0; k0 < Kp; k0 += k_step) {
-        for (int64_t t = g0; t < g1; ++t) pack_panel(t, k0, std::min(k_step, Kp - k0));
+      const int64_t g1 = std::min(t1, (g0 / l.panels + 1) * l.panels);  // this group's items
+      for (int64_t k0 = 0; k0 < l.Kp; k0 += k_step) {
+        for (int64_t t = g0; t < g1; ++t) pack_panel(t, k0, std::min(k_step, l.Kp - k0));
       }
       g0 = g1;
     }
