@@ -171,6 +171,11 @@ PartsBinding parts_binding(const std::vector<Tensor>& parts, DType compute) {
   return {keep_width, keep_width && contiguous};
 }
 
+// Where layer l's fused expert stacks (gate_up_proj, down_proj) are named.
+std::string fused_experts_prefix(int64_t l) {
+  return "model.layers." + std::to_string(l) + ".mlp.experts.";
+}
+
 std::vector<Tensor> views_of(const CheckpointTensors& ck, const std::vector<std::string>& names) {
   std::vector<Tensor> parts;
   for (const std::string& n : names) parts.push_back(ck.view(n));
@@ -308,12 +313,21 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
       count(dense_w13_names(p));
       continue;
     }
-    if (ck.contains(p + "mlp.experts.gate_up_proj")) continue;  // one tensor: always in place
+    if (ck.contains(fused_experts_prefix(l) + "gate_up_proj")) continue;  // one tensor: in place
     for (int64_t e = first_expert; e < first_expert + experts; ++e) {
       count(expert_w13_names(c, p, e));
     }
   }
   return n;
+}
+
+bool stores_fused_experts(const CheckpointTensors& ck, const ModelConfig& c) {
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.num_experts > 0 && c.is_moe_layer(l)) {
+      return ck.contains(fused_experts_prefix(l) + "gate_up_proj");
+    }
+  }
+  return false;
 }
 
 CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* comm,
@@ -338,7 +352,7 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
     if (mapped && is_matrix_role(p.role)) {
       // Checked here, bound below (bind_checkpoint_matrices) from the same names.
       const int64_t l = p.role == HfRole::expert ? std::stoll(p.name.substr(13)) : -1;
-      const std::string fused = "model.layers." + std::to_string(l) + ".mlp.experts.";
+      const std::string fused = fused_experts_prefix(l);
       if (l >= 0 && (plan.has(fused + "gate_up_proj") || plan.has(fused + "down_proj"))) {
         if (fused_layers.insert(l).second) {
           const int64_t E = config.num_experts, F = config.moe_intermediate_size,
@@ -368,7 +382,7 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
     }
     // The layer index from "model.layers.{l}."
     const int64_t l = std::stoll(p.name.substr(13, p.name.find('.', 13) - 13));
-    const std::string fused = "model.layers." + std::to_string(l) + ".mlp.experts.";
+    const std::string fused = fused_experts_prefix(l);
     if (plan.has(fused + "gate_up_proj") || plan.has(fused + "down_proj")) {
       if (fused_layers.insert(l).second) {
         GroupedExperts& ex = model.layer(l).moe()->experts();

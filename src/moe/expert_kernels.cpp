@@ -12,15 +12,17 @@ namespace tiermoe {
 bool ExpertPacks::applies(const GroupedExperts& experts) {
   const ExpertsConfig& cfg = experts.config();
   const DType dt = experts.dtype();
-  return experts.packs().enabled() && cfg.kernels == KernelSet::cpu &&
-         (dt == DType::f32 || dt == DType::bf16) &&
+  return experts.packs().enabled() && cfg.kernels == KernelSet::cpu && computes_in(dt) &&
          // Weights bound one expert at a time, or stored narrower than the
          // run (a mapped bf16 checkpoint in an f32 run), take expert_math.h's
          // per-expert (mixed-width) products.
          !experts.weights_per_expert() && experts.param("w13").dtype() == dt &&
-         experts.param("w2").dtype() == dt &&
-         !experts.adapter() && !cfg.post_norm && cpu_isa() != CpuIsa::onednn &&
+         experts.param("w2").dtype() == dt && !experts.adapter() && !cfg.post_norm &&
          experts.packs().fits_host_memory(experts);
+}
+
+bool ExpertPacks::computes_in(DType dt) {
+  return (dt == DType::f32 || dt == DType::bf16) && cpu_isa() != CpuIsa::onednn;
 }
 
 bool ExpertPacks::fits_host_memory(const GroupedExperts& experts) {

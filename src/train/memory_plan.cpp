@@ -15,7 +15,6 @@
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/hf_names.h"
-#include "tiermoe/kernels/cpu_isa.h"
 #include "tiermoe/kernels/matmul_mixed.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/moe/expert_kernels.h"
@@ -71,18 +70,6 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_a
   b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;      // o, lse
   b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
   if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
-  return b;
-}
-
-// The scratch of one *_mixed product (kernels/matmul_mixed.h), whose weight
-// is stored narrower than the run: the weight widened in blocks of `depth`
-// values per column, at most kMixedScratchBytes, and unless one block holds
-// all `width` columns, the block's output for `rows` rows.
-size_t mixed_scratch(int64_t rows, int64_t depth, int64_t width, size_t s) {
-  const int64_t cols =
-      std::clamp<int64_t>(int64_t(kMixedScratchBytes / (size_t(depth) * s)), 1, width);
-  size_t b = size_t(cols * depth) * s;
-  if (cols < width) b += size_t(rows * cols) * s;
   return b;
 }
 
@@ -145,6 +132,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   MemoryPlan p;
   // Parameters, adapters, gradients, optimizer state.
   const bool mapped = lora && stored.has_value();
+  // Such a run keeps the matrices at their stored width when it is no wider
+  // than the run's; narrower ones are widened by the products (*_mixed).
+  const bool keep_stored = mapped && is_narrower_or_same(stored->dtype, dt);
+  const bool mixed = keep_stored && stored->dtype != dt;
   int64_t trainable = 0, replicated_trainable = 0, lora_attn_modules = 0, lora_dense_modules = 0;
   bool lora_w13 = false, lora_w2 = false;
   // One adapted projection's backward (model/lora.cpp) holds, per row, the
@@ -157,9 +148,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     if (t.role == HfRole::expert && t.expert >= El) continue;
     const size_t n = size_t(shape_numel(t.shape));
     if (mapped && is_matrix(t.role)) {
-      const DType sd = stored->dtype;
-      const bool keep = sd == dt || dtype_size(sd) < dtype_size(dt);
-      at(p, keep ? MemTag::mapped : MemTag::weights) += n * dtype_size(keep ? sd : dt);
+      const DType kept_as = keep_stored ? stored->dtype : dt;
+      at(p, keep_stored ? MemTag::mapped : MemTag::weights) += n * dtype_size(kept_as);
     } else {
       at(p, MemTag::weights) += n * z.s;
     }
@@ -191,7 +181,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   }
   // W13 parts the shards do not hold back to back are one copy each, at the
   // stored width, instead of a view (model/checkpoint.h).
-  if (mapped && (stored->dtype == dt || dtype_size(stored->dtype) < dtype_size(dt))) {
+  if (keep_stored) {
     const size_t copied = size_t(stored->copied_w13) * dtype_size(stored->dtype);
     at(p, MemTag::mapped) -= copied;
     at(p, MemTag::weights) += copied;
@@ -203,11 +193,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // the packs fit ExpertPacks' rule, which each layer applies at its first
   // pack to the memory left then (here: what is available now, less the
   // plan's own bytes so far and the layers packed before it).
-  const bool stacked =
-      !stored.has_value() || (stored->fused_experts && dtype_size(stored->dtype) >= dtype_size(dt));
-  const bool grouped = lora && !lora_w13 && !lora_w2 && El > 0 &&
-                       (dt == DType::f32 || dt == DType::bf16) && cpu_isa() != CpuIsa::onednn &&
-                       stacked;
+  const bool stacked = !stored.has_value() || (stored->fused_experts && !mixed);
+  const bool grouped =
+      lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && stacked;
   int64_t packed_layers = 0;
   if (grouped) {
     const uint64_t stack =
@@ -259,18 +247,18 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // run) add a *_mixed product's scratch to each transient below: the LM
   // head's, and the largest dx product's in attention and the dense MLP; per
   // thread in the per-expert products.
-  const bool mixed = mapped && dtype_size(stored->dtype) < dtype_size(dt);
   auto mixed_dx = [&](int64_t rows, std::initializer_list<std::pair<int64_t, int64_t>> out_in) {
     size_t b = 0;
-    for (auto [out, in] : out_in) b = std::max(b, mixed_scratch(rows, out, in, z.s));
+    for (auto [out, in] : out_in) b = std::max(b, cpu::mixed_scratch_bytes(rows, out, in, dt));
     return mixed ? b : 0;
   };
   // The LM head: dn, a chunk's logits and their gradient, and the scratch of
   // the head's products (forward, then dx).
   const int64_t C = cfg.lm_head_chunk == 0 ? z.N : std::min(cfg.lm_head_chunk, z.N);
-  const size_t head =
-      size_t(z.N) * z.D * z.s + 2 * size_t(C) * z.V * z.s +
-      (mixed ? std::max(mixed_scratch(C, z.D, z.V, z.s), mixed_scratch(C, z.V, z.D, z.s)) : 0);
+  const size_t head = size_t(z.N) * z.D * z.s + 2 * size_t(C) * z.V * z.s +
+                      (mixed ? std::max(cpu::mixed_scratch_bytes(C, z.D, z.V, dt),
+                                        cpu::mixed_scratch_bytes(C, z.V, z.D, dt))
+                             : 0);
   // A layer's backward. The MLP half: dx, dprev and dm on the residual
   // stream, then the MoE's dy and dx rows, their d scores and one expert's
   // buffers at a time per thread (dy, da, dh, the scaled input; with LoRA

@@ -82,13 +82,8 @@ std::optional<StoredMatrices> stored_matrices(const TrainConfig& c, const ModelC
     return std::nullopt;  // the loader names the unsupported dtype
   if (!c.lora) return StoredMatrices(dt);
   const int64_t experts = model.num_experts / std::max(ranks, 1);
-  bool fused = false;  // as CausalLM::bind_checkpoint_matrices decides it
-  for (int64_t l = 0; l < model.num_hidden_layers; ++l) {
-    if (model.num_experts == 0 || !model.is_moe_layer(l)) continue;
-    fused = ck.contains(str_of("model.layers.", l, ".mlp.experts.gate_up_proj"));
-    break;
-  }
-  return StoredMatrices(dt, copied_w13_elements(ck, model, c.dtype, 0, experts), fused);
+  return StoredMatrices(dt, copied_w13_elements(ck, model, c.dtype, 0, experts),
+                        stores_fused_experts(ck, model));
 }
 
 // Logs the plan and refuses a run it says cannot fit, before anything is loaded.

@@ -49,6 +49,15 @@ TIERMOE_MATMUL_MIXED_DECLS
 
 #undef TIERMOE_MATMUL_MIXED_DECLS
 
+namespace cpu {
+// The scratch one cpu:: *_mixed product allocates (memory plans count it):
+// the weight widened to `compute` in blocks of whole columns of `depth`
+// values, at most kMixedScratchBytes, and unless one block holds all `width`
+// columns, a block's output for `rows` rows. For w_NK: forward depth K,
+// width N; dx depth N, width K.
+size_t mixed_scratch_bytes(int64_t rows, int64_t depth, int64_t width, DType compute);
+}  // namespace cpu
+
 // Whether a weight stored in `stored` can serve products in `compute`
 // through the *_mixed entry points (equal, or narrower: bf16 < f32 < f64).
 bool is_narrower_or_same(DType stored, DType compute);

@@ -65,6 +65,11 @@ bool is_ignored_checkpoint_tensor(const std::string& name);
 int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, DType compute,
                             int64_t first_expert, int64_t experts);
 
+// Whether `ck` stores the MoE layers' experts as fused stacks
+// (mlp.experts.gate_up_proj), which bind as [E, ...] stacks rather than one
+// expert at a time; read off the first MoE layer.
+bool stores_fused_experts(const CheckpointTensors& ck, const ModelConfig& c);
+
 // The routed expert an HF tensor or module name belongs to: e in
 // "...experts.<e>.<proj>...", -1 for any other name (fused expert tensors
 // included). With expert parallelism a rank loads only its experts' tensors

@@ -47,6 +47,10 @@ class ExpertPacks {
   // TierMoE ISA (not onednn), not turned off here, and packed copies that fit
   // (fits_host_memory).
   static bool applies(const GroupedExperts& experts);
+  // The part of that rule a memory plan can check before any expert exists:
+  // the grouped kernels compute in dt (f32 or bf16) on this process's ISA
+  // (a TierMoE one, not onednn).
+  static bool computes_in(DType dt);
   // Off: these experts keep one GEMM per expert (a benchmark's baseline, and
   // trainable experts: model/moe_block.h).
   void set_enabled(bool on) { enabled_ = on; }

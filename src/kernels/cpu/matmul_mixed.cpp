@@ -62,6 +62,12 @@ int64_t block_columns(int64_t depth, DType dt, int64_t total) {
 
 }  // namespace
 
+size_t mixed_scratch_bytes(int64_t rows, int64_t depth, int64_t width, DType compute) {
+  const int64_t cols = block_columns(depth, compute, width);
+  const size_t s = dtype_size(compute);
+  return size_t(cols * depth) * s + (cols < width ? size_t(rows * cols) * s : 0);
+}
+
 void matmul_forward_mixed(Tensor& y_MN, const Tensor& x_MK, const Tensor& w_NK, bool accumulate) {
   if (!detail::check_mixed_weight(w_NK, x_MK, "matmul_forward_mixed")) {
     matmul_forward(y_MN, x_MK, w_NK, accumulate);
