@@ -12,6 +12,7 @@
 
 #include "io/test_safetensors_util.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/io/tokens.h"
 #include "tiermoe/model/checkpoint.h"
 #include "tiermoe/train/memory_plan.h"
 #include "tiermoe/train/trainer_session.h"
@@ -183,6 +184,29 @@ TEST(MemoryPlan, RouterAndMixedWidthTransientsAtFewTokens) {
     const TrainSummary s = run_training(c, RunControl{});
     expect_within_10_percent(s.memory_plan, str_of("wide router, ", dtype_name(dt)));
   }
+  set_num_threads(0);
+}
+
+// A checkpoint with fused expert stacks (transformers 5's gate_up_proj, the
+// committed f64 fixture) binds [E, ...] stacks, so an f32 LoRA run's frozen
+// experts run on the grouped kernels: their packed copies are planned under
+// `weights` exactly.
+TEST(MemoryPlan, FusedExpertStacksFromACheckpointPlanTheirPacks) {
+  set_num_threads(1);
+  TempDir dir;
+  const std::string model = std::string(TIERMOE_TEST_DATA_DIR) + "/peft_v5/model";
+  ASSERT_TRUE(stores_fused_experts(CheckpointTensors::open(model), load_model_config(model)));
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 % 48);  // vocab 48
+  const std::string data = (dir.path() / "tokens.npy").string();
+  write_npy_tokens(data, tokens, TokenDType::i32);
+  TrainConfig c = config_of({"tiny", true, DType::f32, "none", 2, 16, false});
+  c.model_dir = model;
+  c.data_file = data;
+  const TrainSummary s = run_training(c, RunControl{});
+  expect_within_10_percent(s.memory_plan, "fused experts, f32 LoRA");
+  EXPECT_EQ(s.memory_plan.at("weights").at("predicted").get<size_t>(),
+            s.memory_plan.at("weights").at("measured").get<size_t>());
   set_num_threads(0);
 }
 
