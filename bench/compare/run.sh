@@ -54,40 +54,42 @@ export OMP_WAIT_POLICY=passive  # torch on 2 threads is slower than 1 without it
 
 log="$(mktemp -d)"
 trap 'rm -rf "$log"' EXIT
+# Whether the CPU has bf16 arithmetic (AMX or AVX-512 BF16).
+bf16_cpu=false
+if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16_cpu=true; fi
+# run NAME CMD...: the last line CMD prints (its JSON) into $log/NAME, or
+# {"error": its stderr's "error:" line (else its last line)}.
+run() {
+  local name=$1
+  shift
+  echo "== $name" >&2
+  "$@" 2>"$log/err" | tail -n 1 >"$log/$name" ||
+    echo "{\"error\": \"$({ grep -m 1 'error' "$log/err" || tail -n 1 "$log/err"; } | tr '"\\' "''")\"}" \
+      >"$log/$name"
+}
 echo "uptime: $(uptime)" >&2
 for mode in fwd lora full; do
   common=(--preset qwen3-30b-a3b --tokens "$tokens" --dtype bf16 --mode "$mode" --threads "$threads"
           --zipf 0 --iters "$iters" --warmup 1 --json)
-  echo "== $mode: tiermoe" >&2
-  "$tiermoe" bench moe-layer "${common[@]}" 2>"$log/err" | tail -n 1 >"$log/tiermoe_$mode" ||
-    echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/tiermoe_$mode"
-  echo "== $mode: tiermoe --per-expert" >&2
-  "$tiermoe" bench moe-layer "${common[@]}" --per-expert 2>"$log/err" | tail -n 1 \
-    >"$log/perexpert_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/perexpert_$mode"
-  echo "== $mode: tiermoe --isa onednn" >&2
-  "$tiermoe" bench moe-layer "${common[@]}" --isa onednn 2>"$log/err" | tail -n 1 \
-    >"$log/onednn_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/onednn_$mode"
-  echo "== $mode: pytorch" >&2
-  if [ "$mode" != fwd ] && [ "${TORCH_BF16:-}" != all ] && ! grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
+  torch_args=(--tokens "$tokens" --mode "$mode" --threads "$threads" --zipf 0 --iters "$iters"
+              --warmup 1)
+  run "tiermoe_$mode" "$tiermoe" bench moe-layer "${common[@]}"
+  run "perexpert_$mode" "$tiermoe" bench moe-layer "${common[@]}" --per-expert
+  run "onednn_$mode" "$tiermoe" bench moe-layer "${common[@]}" --isa onednn
+  if [ "$mode" != fwd ] && [ "${TORCH_BF16:-}" != all ] && ! $bf16_cpu; then
     # Measured on a 2-core AVX2 machine: over 5 minutes per LoRA iteration.
     echo "{\"not_run\": \"PyTorch's bf16 backward on a CPU without bf16 arithmetic takes minutes an iteration (TORCH_BF16=all runs it)\"}" \
       >"$log/torch_$mode"
   else
-    "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --tokens "$tokens" --dtype bf16 --mode "$mode" \
-      --threads "$threads" --zipf 0 --iters "$iters" --warmup 1 2>"$log/err" | tail -n 1 \
-      >"$log/torch_$mode" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/torch_$mode"
+    run "torch_$mode" "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --dtype bf16 \
+      "${torch_args[@]}"
   fi
   # PyTorch's own best dtype where the CPU has no bf16 arithmetic (AVX2):
   # its bf16 matmuls there run a slow fallback, f32 runs oneDNN/MKL.
-  if ! grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then
-    echo "== $mode: pytorch f32" >&2
-    "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --tokens "$tokens" --dtype f32 \
-      --mode "$mode" --threads "$threads" --zipf 0 --iters "$iters" --warmup 1 2>"$log/err" |
-      tail -n 1 >"$log/torchf32_$mode" ||
-      echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/torchf32_$mode"
+  if ! $bf16_cpu; then
+    run "torchf32_$mode" "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --dtype f32 \
+      "${torch_args[@]}"
   fi
-  echo "== $mode: kt-kernel" >&2
-  "$py" "$here/kt_moe_layer.py" --tokens "$tokens" --mode "$mode" --threads "$threads" \
-    >"$log/kt_$mode" 2>"$log/err" || echo "{\"error\": \"$(tail -n 1 "$log/err")\"}" >"$log/kt_$mode"
+  run "kt_$mode" "$py" "$here/kt_moe_layer.py" --tokens "$tokens" --mode "$mode" --threads "$threads"
 done
 "$py" "$here/table.py" "$log" "$tokens" "$threads"
