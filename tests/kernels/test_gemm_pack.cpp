@@ -1,7 +1,8 @@
 // The packed operand layouts (src/kernels/cpu/gemm/pack.h) element by
 // element against the formulas of microkernel.h, for every ISA's microkernel
 // (packing is plain C++, so each ISA's layouts are checked on any machine):
-// partial panels, a K tail, both orientations of the source, f32 and bf16.
+// partial panels, a K tail, both orientations of the source, f32 and bf16
+// layouts, each from an f32 and a bf16 source (converted while packing).
 // The GEMM tests check the same layouts only through products.
 #include <gtest/gtest.h>
 
@@ -102,44 +103,70 @@ class GemmPack : public ::testing::TestWithParam<Case> {};
 // it, a second kc block (k0 > 0), k contiguous or not.
 TEST_P(GemmPack, PanelsMatchTheDocumentedLayout) {
   const gemm::Microkernel& uk = gemm::microkernel(GetParam().isa, GetParam().in);
-  const bool bf16_in = uk.in == DType::bf16;
   const int64_t kc = 2 * uk.k_step * 8;  // a whole number of k_steps
-  for (bool k_contiguous : {true, false}) {
-    for (int64_t K : {kc, 2 * kc, kc + 3 * uk.k_step - 1}) {
-      for (int64_t k0 = 0; k0 < K; k0 += kc) {
-        for (const bool is_a : {true, false}) {
-          const int64_t width = is_a ? uk.mr : uk.nr;
-          for (int64_t valid : {width, width - 1, int64_t(1), width / 2 + 1}) {
-            SCOPED_TRACE(::testing::Message()
-                         << (is_a ? "A" : "B") << " K " << K << " k0 " << k0 << " valid " << valid
-                         << " k contiguous " << k_contiguous);
-            const int64_t lines = valid + 3, x0 = 2;  // an offset into the source's lines
-            const Source s = source(lines, K, k_contiguous);
-            const void* p = bf16_in ? static_cast<const void*>(s.bf16.data()) : s.f32.data();
-            const int64_t bytes = is_a ? gemm::a_panel_bytes(uk, kc) : gemm::b_panel_bytes(uk, kc);
-            std::vector<char> dst(size_t(bytes), char(0x5a));  // garbage where zeros belong
-            const bool f32_layout =
-                is_a ? uk.a == gemm::APack::f32_kmajor : uk.b == gemm::BPack::f32;
-            if (is_a) {
-              // A(i, k) at p[i * rs + k * cs].
-              gemm::pack_a(uk, gemm::Mat{p, s.ls, s.ks}, x0, valid, k0, kc, K, dst.data());
-            } else {
-              // B(k, j) at p[k * rs + j * cs]: its column j is source line j.
-              gemm::pack_b(uk, gemm::Mat{p, s.ks, s.ls}, x0, valid, k0, kc, K, dst.data());
-            }
-            const std::vector<float> got = unpack(dst, f32_layout);
-            std::vector<float> want(got.size(), 0.0f);
-            for (int64_t x = 0; x < valid; ++x) {
-              for (int64_t k = 0; k < std::min(kc, K - k0); ++k) {
-                const int64_t at =
-                    is_a ? a_index(uk.a, uk.mr, kc, x, k) : b_index(uk.b, uk.nr, x, k);
-                want[size_t(at)] = s.f32[size_t((x0 + x) * s.ls + (k0 + k) * s.ks)];
+  for (const DType src : {DType::f32, DType::bf16}) {
+    for (bool k_contiguous : {true, false}) {
+      for (int64_t K : {kc, 2 * kc, kc + 3 * uk.k_step - 1}) {
+        for (int64_t k0 = 0; k0 < K; k0 += kc) {
+          for (const bool is_a : {true, false}) {
+            const int64_t width = is_a ? uk.mr : uk.nr;
+            for (int64_t valid : {width, width - 1, int64_t(1), width / 2 + 1}) {
+              SCOPED_TRACE(::testing::Message()
+                           << (is_a ? "A" : "B") << " K " << K << " k0 " << k0 << " valid " << valid
+                           << " k contiguous " << k_contiguous);
+              const int64_t lines = valid + 3, x0 = 2;  // an offset into the source's lines
+              const Source s = source(lines, K, k_contiguous);
+              const void* p =
+                  src == DType::bf16 ? static_cast<const void*>(s.bf16.data()) : s.f32.data();
+              const int64_t bytes =
+                  is_a ? gemm::a_panel_bytes(uk, kc) : gemm::b_panel_bytes(uk, kc);
+              std::vector<char> dst(size_t(bytes), char(0x5a));  // garbage where zeros belong
+              const bool f32_layout =
+                  is_a ? uk.a == gemm::APack::f32_kmajor : uk.b == gemm::BPack::f32;
+              if (is_a) {
+                // A(i, k) at p[i * rs + k * cs].
+                gemm::pack_a(uk, gemm::Mat{p, s.ls, s.ks, src}, x0, valid, k0, kc, K, dst.data());
+              } else {
+                // B(k, j) at p[k * rs + j * cs]: its column j is source line j.
+                gemm::pack_b(uk, gemm::Mat{p, s.ks, s.ls, src}, x0, valid, k0, kc, K, dst.data());
               }
+              const std::vector<float> got = unpack(dst, f32_layout);
+              std::vector<float> want(got.size(), 0.0f);
+              for (int64_t x = 0; x < valid; ++x) {
+                for (int64_t k = 0; k < std::min(kc, K - k0); ++k) {
+                  const int64_t at =
+                      is_a ? a_index(uk.a, uk.mr, kc, x, k) : b_index(uk.b, uk.nr, x, k);
+                  want[size_t(at)] = s.f32[size_t((x0 + x) * s.ls + (k0 + k) * s.ks)];
+                }
+              }
+              ASSERT_EQ(got, want);
             }
-            ASSERT_EQ(got, want);
           }
         }
       }
+    }
+  }
+}
+
+// f32 into a bf16 layout rounds each value to nearest even (ties included),
+// as float_to_bf16 does; into an f32 layout it is copied.
+TEST_P(GemmPack, F32SourcesRoundIntoBf16Layouts) {
+  const gemm::Microkernel& uk = gemm::microkernel(GetParam().isa, GetParam().in);
+  const int64_t kc = 2 * uk.k_step * 4, width = uk.nr;
+  std::vector<float> src(size_t(width * kc));
+  for (size_t i = 0; i < src.size(); ++i) {
+    // 1 + i/128 ulps of bf16 past 1.5: below, at and above each tie.
+    src[i] = std::bit_cast<float>(0x3fc00000u + uint32_t(i % 512) * 0x40u);
+  }
+  std::vector<char> dst(size_t(gemm::b_panel_bytes(uk, kc)));
+  gemm::pack_b(uk, gemm::Mat{src.data(), 1, kc, DType::f32}, 0, width, 0, kc, kc, dst.data());
+  const bool f32_layout = uk.b == gemm::BPack::f32;
+  const std::vector<float> got = unpack(dst, f32_layout);
+  for (int64_t j = 0; j < width; ++j) {
+    for (int64_t k = 0; k < kc; ++k) {
+      const float v = src[size_t(j * kc + k)];
+      const float want = f32_layout ? v : bf16_to_float(float_to_bf16(v));
+      ASSERT_EQ(got[size_t(b_index(uk.b, uk.nr, j, k))], want) << "column " << j << " k " << k;
     }
   }
 }

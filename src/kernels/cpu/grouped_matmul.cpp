@@ -15,9 +15,9 @@
 namespace tiermoe {
 
 namespace gemm = cpu::gemm;
+using detail::str_of;
 using gemm::ceil_div;
 using gemm::round_up;
-using detail::str_of;
 
 namespace {
 
@@ -129,7 +129,7 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
       first = (up ? blocks.F : 0) + b * blocks.h + c;
       valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
     }
-    const gemm::Mat src{w + size_t(first * l.cs) * es, l.rs, l.cs};
+    const gemm::Mat src{w + size_t(first * l.cs) * es, l.rs, l.cs, w_GNK.dtype()};
     gemm::pack_b(uk, src, 0, valid, k0, kc, l.Kb,
                  dst + g * l.group_bytes() + p * l.panel_bytes + gemm::b_panel_bytes(uk, k0));
   };
@@ -203,11 +203,12 @@ void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor
       }
       const int64_t local = t - first, nb = local / m_blocks, mb = local % m_blocks;
       const int64_t row0 = offset_G[size_t(g)], M = rows_of(g);
-      const char* a = static_cast<const char*>(x_NI.raw()) + size_t(row0 * I) * dtype_size(x_NI.dtype());
+      const char* a =
+          static_cast<const char*>(x_NI.raw()) + size_t(row0 * I) * dtype_size(x_NI.dtype());
       const gemm::Problem p{.M = M,
                             .N = w.packed_cols(),
                             .K = Kb,
-                            .a = {a, I, 1},
+                            .a = {a, I, 1, x_NI.dtype()},
                             .b = {},
                             .b_packed = w.group_data(g)};
       const Item item{&call, row0, g};
@@ -266,8 +267,8 @@ T h_value(float sum, const T* b, int64_t col) {
 }
 
 template <class T>
-void glu_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols,
-              const float* acc, int64_t ld) {
+void glu_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols, const float* acc,
+              int64_t ld) {
   const Item& item = *static_cast<const Item*>(ctx);
   const GluCall& c = *static_cast<const GluCall*>(item.call);
   const int64_t F = c.F;

@@ -8,15 +8,18 @@
 namespace tiermoe::cpu::gemm {
 namespace {
 
-// A packed element from a source element: f32 formats take floats (bf16
-// widened exactly), bf16 formats take the bits as they are.
+// A packed element from a source element: f32 layouts take floats (bf16
+// widened exactly), bf16 layouts take bf16 bits (f32 rounded to nearest even).
 template <class D, class S>
 D convert(S v) {
   if constexpr (std::is_same_v<D, S>) {
     return v;
-  } else {
-    static_assert(std::is_same_v<D, float> && std::is_same_v<S, uint16_t>);
+  } else if constexpr (std::is_same_v<D, float>) {
+    static_assert(std::is_same_v<S, uint16_t>);
     return std::bit_cast<float>(uint32_t(v) << 16);
+  } else {
+    static_assert(std::is_same_v<D, uint16_t> && std::is_same_v<S, float>);
+    return float_to_bf16(v).bits;
   }
 }
 
@@ -75,21 +78,18 @@ void pack_as(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_
   }
 }
 
-// Packs with the microkernel's input dtype: f32 destinations take f32 or
-// widened bf16 sources, bf16 ones only bf16.
-void pack_typed(const Microkernel& uk, const void* p, bool f32_dst, int64_t ls, int64_t ks,
-                int64_t x0, int64_t n, int64_t k0, int64_t kv, void* dst, const Layout& l) {
-  if (uk.in == DType::f32) {
-    TIERMOE_ASSERT(f32_dst, "f32 inputs need an f32 layout");
-    pack_as<float>(static_cast<const float*>(p), ls, ks, x0, n, k0, kv, dst, l);
-    return;
-  }
-  TIERMOE_ASSERT(uk.in == DType::bf16);
-  const auto* src = static_cast<const uint16_t*>(p);
-  if (f32_dst) {
-    pack_as<float>(src, ls, ks, x0, n, k0, kv, dst, l);
+// Packs a source of dtype src into an f32 (f32_dst) or a bf16 layout.
+void pack_typed(DType src, bool f32_dst, const void* p, int64_t ls, int64_t ks, int64_t x0,
+                int64_t n, int64_t k0, int64_t kv, void* dst, const Layout& l) {
+  TIERMOE_ASSERT(src == DType::f32 || src == DType::bf16, "packing reads f32 or bf16");
+  if (src == DType::f32) {
+    const auto* s = static_cast<const float*>(p);
+    f32_dst ? pack_as<float>(s, ls, ks, x0, n, k0, kv, dst, l)
+            : pack_as<uint16_t>(s, ls, ks, x0, n, k0, kv, dst, l);
   } else {
-    pack_as<uint16_t>(src, ls, ks, x0, n, k0, kv, dst, l);
+    const auto* s = static_cast<const uint16_t*>(p);
+    f32_dst ? pack_as<float>(s, ls, ks, x0, n, k0, kv, dst, l)
+            : pack_as<uint16_t>(s, ls, ks, x0, n, k0, kv, dst, l);
   }
 }
 
@@ -111,7 +111,7 @@ void pack_a(const Microkernel& uk, const Mat& a, int64_t i0, int64_t rows, int64
       l.stride = kc, l.k_mul = 1;
       break;
   }
-  pack_typed(uk, a.p, uk.a == APack::f32_kmajor, a.rs, a.cs, i0, rows, k0, kv, dst, l);
+  pack_typed(a.dt, uk.a == APack::f32_kmajor, a.p, a.rs, a.cs, i0, rows, k0, kv, dst, l);
 }
 
 void pack_b(const Microkernel& uk, const Mat& b, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
@@ -131,7 +131,7 @@ void pack_b(const Microkernel& uk, const Mat& b, int64_t j0, int64_t cols, int64
       break;
   }
   // B(k, j) = p[k * rs + j * cs]: a column j is a line with stride cs.
-  pack_typed(uk, b.p, uk.b == BPack::f32, b.cs, b.rs, j0, cols, k0, kv, dst, l);
+  pack_typed(b.dt, uk.b == BPack::f32, b.p, b.cs, b.rs, j0, cols, k0, kv, dst, l);
 }
 
 }  // namespace tiermoe::cpu::gemm
