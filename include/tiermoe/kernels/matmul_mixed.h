@@ -12,18 +12,21 @@
 // has the activations' dtype these are matmul_forward / matmul_backward_dx.
 //
 // ref:: converts the whole weight, then calls ref::matmul (the oracle).
-// cpu:: converts the weight in blocks into a small scratch and runs the cpu::
-// f32/f64 product on each block: forward in blocks of w's rows (output
-// columns), dx in blocks of w's columns (again output columns), so every
-// output element is one whole product over the full reduction, never a sum of
-// partial ones. Its results are bitwise those of cpu::matmul on the converted
-// weight wherever that GEMM's output columns do not depend on how many
-// columns are computed together: gemm_f64 by construction, and oneDNN 2.6's
-// f32 forward on AVX2; its f32 dx reorders the reduction with the output
-// width and differs by ulps (tests/kernels/test_matmul_mixed.cpp).
-// Cost: the conversion reads every weight element once per call (one pass
-// over the weight at its stored width, plus a write into cache-sized scratch),
-// on top of the product; the scratch is at most kMixedScratchBytes.
+// cpu:: in an f32 run on TierMoE's GEMM (kernels/cpu_isa.h) reads a bf16
+// weight as stored: the GEMM widens it while packing the panels its
+// microkernel reads, so the product runs at the speed of the plain f32
+// product, needs no scratch beyond the GEMM's own, and is bitwise
+// cpu::matmul on the widened weight (the same kernel on the same packed
+// values). Elsewhere (f64 runs, and the onednn baseline) it converts the
+// weight in blocks into a small scratch and runs the cpu:: product on each
+// block: forward in blocks of w's rows (output columns), dx in blocks of
+// w's columns (again output columns), so every output element is one whole
+// product over the full reduction, never a sum of partial ones; bitwise
+// cpu::matmul on the converted weight for gemm_f64 by construction, and for
+// oneDNN 2.6's f32 forward on AVX2 (its f32 dx reorders the reduction with
+// the output width and differs by ulps; tests/kernels/test_matmul_mixed.cpp).
+// That path's conversion reads every weight element once per call, plus a
+// write into cache-sized scratch of at most kMixedScratchBytes.
 #include <cstddef>
 
 #include "tiermoe/core/tensor.h"
@@ -51,10 +54,10 @@ TIERMOE_MATMUL_MIXED_DECLS
 
 namespace cpu {
 // The scratch one cpu:: *_mixed product allocates (memory plans count it):
-// the weight widened to `compute` in blocks of whole columns of `depth`
-// values, at most kMixedScratchBytes, and unless one block holds all `width`
-// columns, a block's output for `rows` rows. For w_NK: forward depth K,
-// width N; dx depth N, width K.
+// none where the GEMM reads the weight as stored; else the weight widened to `compute` in blocks of
+// whole columns of `depth` values, at most kMixedScratchBytes, and unless one block holds all
+// `width` columns, a block's output for `rows` rows. For w_NK: forward depth K, width N; dx depth
+// N, width K.
 size_t mixed_scratch_bytes(int64_t rows, int64_t depth, int64_t width, DType compute);
 }  // namespace cpu
 

@@ -15,16 +15,20 @@
 #include "../matmul_check.h"
 #include "gemm/driver.h"
 #include "gemm_f64.h"
-#include "onednn.h"
+#include "matmul_product.h"
 #include "tiermoe/kernels/cpu_isa.h"
 
 namespace tiermoe::cpu {
-namespace {
 
-// C_MN (+)= A_MK . B_KN with A and B given as stored; see onednn::GemmShape.
+bool product_reads_narrower_b(DType compute, DType stored) {
+  return compute == DType::f32 && stored == DType::bf16 && cpu_isa() != CpuIsa::onednn;
+}
+
 void product(Tensor& c, const Tensor& a, const Tensor& b, onednn::GemmShape s) {
   s.in = a.dtype();
   s.out = c.dtype();
+  TIERMOE_ASSERT(b.dtype() == s.in || product_reads_narrower_b(s.in, b.dtype()), "A ", a.str(),
+                 " with B ", b.str());
   // Element (i, k) of A and (k, j) of B in the storage's row-major layout.
   int64_t a_row = s.a_transposed ? 1 : s.K, a_col = s.a_transposed ? s.M : 1;
   int64_t b_row = s.b_transposed ? 1 : s.N, b_col = s.b_transposed ? s.K : 1;
@@ -39,13 +43,14 @@ void product(Tensor& c, const Tensor& a, const Tensor& b, onednn::GemmShape s) {
     return;
   }
   const gemm::StoreC store{c.raw(), s.N, s.out, s.accumulate};
-  gemm::run(
-      gemm::microkernel(isa, s.in),
-      {.M = s.M, .N = s.N, .K = s.K, .a = {a.raw(), a_row, a_col}, .b = {b.raw(), b_row, b_col}},
-      gemm::store_epilogue(store));
+  gemm::run(gemm::microkernel(isa, s.in),
+            {.M = s.M,
+             .N = s.N,
+             .K = s.K,
+             .a = {a.raw(), a_row, a_col, s.in},
+             .b = {b.raw(), b_row, b_col, b.dtype()}},
+            gemm::store_epilogue(store));
 }
-
-}  // namespace
 
 void matmul_forward(Tensor& y_MN, const Tensor& x_MK, const Tensor& w_NK, bool accumulate) {
   detail::check_forward(y_MN, x_MK, w_NK);

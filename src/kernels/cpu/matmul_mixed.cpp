@@ -1,12 +1,16 @@
-// Stored-width weights on the cpu:: product: the weight is converted block by
-// block into scratch of at most kMixedScratchBytes and each block's product
-// is one cpu:: GEMM over the whole reduction (see the header for why the
-// blocks split output columns only).
+// Stored-width weights on the cpu:: product. A bf16 weight in an f32 run on
+// TierMoE's GEMM is read as it is stored: the GEMM widens it while packing
+// its panels (matmul_product.h), at the speed of the plain product. Else
+// (f64 runs, the onednn baseline) the weight is converted block by block
+// into scratch of at most kMixedScratchBytes and each block's product is
+// one cpu:: GEMM over the whole reduction (see the header for why the blocks
+// split output columns only).
 #include "tiermoe/kernels/matmul_mixed.h"
 
 #include <algorithm>
 
 #include "../matmul_mixed_check.h"
+#include "matmul_product.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/kernels/matmul.h"
 
@@ -63,6 +67,7 @@ int64_t block_columns(int64_t depth, DType dt, int64_t total) {
 }  // namespace
 
 size_t mixed_scratch_bytes(int64_t rows, int64_t depth, int64_t width, DType compute) {
+  if (product_reads_narrower_b(compute, DType::bf16)) return 0;
   const int64_t cols = block_columns(depth, compute, width);
   const size_t s = dtype_size(compute);
   return size_t(cols * depth) * s + (cols < width ? size_t(rows * cols) * s : 0);
@@ -77,6 +82,11 @@ void matmul_forward_mixed(Tensor& y_MN, const Tensor& x_MK, const Tensor& w_NK, 
   const DType dt = x_MK.dtype();
   const int64_t M = x_MK.size(0), K = x_MK.size(1), N = w_NK.size(0);
   if (M == 0 || N == 0) return;
+  if (product_reads_narrower_b(dt, w_NK.dtype())) {
+    product(y_MN, x_MK, w_NK,
+            {.M = M, .N = N, .K = K, .b_transposed = true, .accumulate = accumulate});
+    return;
+  }
   const int64_t nb = block_columns(K, dt, N);
   const bool whole = nb >= N;  // one block: write y directly
   Tensor w_blk = Tensor::empty({nb, K}, dt), y_blk;
@@ -107,6 +117,10 @@ void matmul_backward_dx_mixed(Tensor& dx_MK, const Tensor& dy_MN, const Tensor& 
   const DType dt = dy_MN.dtype();
   const int64_t M = dy_MN.size(0), N = dy_MN.size(1), K = w_NK.size(1);
   if (M == 0 || K == 0) return;
+  if (product_reads_narrower_b(dt, w_NK.dtype())) {
+    product(dx_MK, dy_MN, w_NK, {.M = M, .N = K, .K = N, .accumulate = accumulate});
+    return;
+  }
   const int64_t kb = block_columns(N, dt, K);
   const bool whole = kb >= K;
   for (int64_t k0 = 0; k0 < K; k0 += kb) {
