@@ -51,11 +51,10 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute, MatrixAlloc 
 }
 
 std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
-  std::vector<std::pair<std::string, Weight*>> out = {
-      {"q_proj.weight", &q_proj_.weight},
-      {"k_proj.weight", &k_proj_.weight},
-      {"v_proj.weight", &v_proj_.weight},
-      {"o_proj.weight", &o_proj_.weight}};
+  std::vector<std::pair<std::string, Weight*>> out = {{"q_proj.weight", &q_proj_.weight},
+                                                      {"k_proj.weight", &k_proj_.weight},
+                                                      {"v_proj.weight", &v_proj_.weight},
+                                                      {"o_proj.weight", &o_proj_.weight}};
   if (q_proj_.bias.value.defined()) {
     out.push_back({"q_proj.bias", &q_proj_.bias});
     out.push_back({"k_proj.bias", &k_proj_.bias});
@@ -168,7 +167,7 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
   cpu::attention_backward_docs(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
-                               saved.lse_BTH, rope.doc_start_BT);
+                               saved.o_TX.view({B, T, H_, P_}), saved.lse_BTH, rope.doc_start_BT);
   cpu::rope_backward(dq, dq, rope.cos_RP, rope.sin_RP);
   cpu::rope_backward(dk, dk, rope.cos_RP, rope.sin_RP);
   Tensor dq_TX = dq.view({N, H_ * P_}), dk_TX = dk.view({N, Hkv_ * P_});

@@ -15,6 +15,7 @@
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/hf_names.h"
+#include "tiermoe/kernels/attention.h"
 #include "tiermoe/kernels/matmul_mixed.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/moe/expert_kernels.h"
@@ -267,10 +268,15 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // attention half: dh and dn on top, then do, dq/dk/dv (and the pre-norm ones).
   const size_t ND = size_t(z.N) * z.D * z.s, NK = size_t(z.N * z.K);
   const int64_t HP = z.H * z.P, KP = z.Hkv * z.P;
+  // The attention kernel's own scratch (packed keys and values, per-head
+  // partial dk and dv) lives while do and dq/dk/dv do, before the pre-norm
+  // gradients, the projections' LoRA branches and mixed-width scratch.
+  const size_t attn_after = size_t(z.N) * (c.qk_norm() == QkNorm::none ? 0 : HP + KP) * z.s +
+                            size_t(z.N * lora_attn_bwd) * master +
+                            mixed_dx(z.N, {{HP, z.D}, {KP, z.D}, {z.D, HP}});
   const size_t attn_bwd =
-      5 * ND +
-      size_t(z.N) * (HP + HP + 2 * KP + (c.qk_norm() == QkNorm::none ? 0 : HP + KP)) * z.s +
-      size_t(z.N * lora_attn_bwd) * master + mixed_dx(z.N, {{HP, z.D}, {KP, z.D}, {z.D, HP}});
+      5 * ND + size_t(z.N) * (HP + HP + 2 * KP) * z.s +
+      std::max(attn_after, cpu::attention_backward_scratch_bytes(B, L, z.H, z.Hkv, z.P, dt));
   size_t mlp_bwd = 0;
   if (moe_layers) {
     const size_t rows = std::min(NK, 2 * ((NK + size_t(z.E) - 1) / size_t(z.E)));

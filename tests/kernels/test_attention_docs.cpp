@@ -47,7 +47,7 @@ DocsRun run(bool cpu_kernels, const Tensor& q, const Tensor& k, const Tensor& v,
   auto fwd = cpu_kernels ? cpu::attention_forward_docs : ref::attention_forward_docs;
   auto bwd = cpu_kernels ? cpu::attention_backward_docs : ref::attention_backward_docs;
   fwd(r.out, r.lse, q, k, v, starts);
-  bwd(r.dq, r.dk, r.dv, dout, q, k, v, r.lse, starts, false);
+  bwd(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, starts, false);
   return r;
 }
 
@@ -77,11 +77,16 @@ TEST(AttentionDocs, APackedRowEqualsEachDocumentAlone) {
                        std::to_string(t1) + ")");
           const DocsRun alone = run(cpu_kernels, slice(q, b, t0, t1), slice(k, b, t0, t1),
                                     slice(v, b, t0, t1), slice(dout, b, t0, t1), {});
-          // The same sums in the same order: bitwise.
-          EXPECT_TRUE(bitwise_equal(slice(packed.out, b, t0, t1), alone.out, "out"));
-          EXPECT_TRUE(bitwise_equal(slice(packed.dq, b, t0, t1), alone.dq, "dq"));
-          EXPECT_TRUE(bitwise_equal(slice(packed.dk, b, t0, t1), alone.dk, "dk"));
-          EXPECT_TRUE(bitwise_equal(slice(packed.dv, b, t0, t1), alone.dv, "dv"));
+          // f64 and ref: the same sums in the same order, bitwise. The f32
+          // flash kernel's key blocks start at multiples of its block in
+          // the row, not at the document, so its online softmax rescales at
+          // other keys: ulps.
+          const bool bitwise = dt == DType::f64 || !cpu_kernels;
+          const double rtol = bitwise ? 0 : 1e-5, atol = bitwise ? 0 : 1e-6;
+          EXPECT_TRUE(all_close(slice(packed.out, b, t0, t1), alone.out, rtol, atol, "out"));
+          EXPECT_TRUE(all_close(slice(packed.dq, b, t0, t1), alone.dq, rtol, atol, "dq"));
+          EXPECT_TRUE(all_close(slice(packed.dk, b, t0, t1), alone.dk, rtol, atol, "dk"));
+          EXPECT_TRUE(all_close(slice(packed.dv, b, t0, t1), alone.dv, rtol, atol, "dv"));
           t0 = t1;
         }
       }
@@ -97,8 +102,12 @@ TEST(AttentionDocs, CpuMatchesRef) {
     Tensor q = random_tensor({B, T, Hq, P}, dt, rng), k = random_tensor({B, T, Hkv, P}, dt, rng);
     Tensor v = random_tensor({B, T, Hkv, P}, dt, rng), dout = random_tensor(q.shape(), dt, rng);
     const DocsRun c = run(true, q, k, v, dout, starts), r = run(false, q, k, v, dout, starts);
-    EXPECT_TRUE(bitwise_equal(c.out, r.out, "out"));
     const double rtol = dt == DType::f64 ? 1e-11 : 1e-5, atol = dt == DType::f64 ? 1e-12 : 1e-6;
+    if (dt == DType::f64) {
+      EXPECT_TRUE(bitwise_equal(c.out, r.out, "out"));  // the row path sums as ref:: does
+    } else {
+      EXPECT_TRUE(all_close(c.out, r.out, rtol, atol, "out"));
+    }
     EXPECT_TRUE(all_close(c.dq, r.dq, rtol, atol, "dq"));
     EXPECT_TRUE(all_close(c.dk, r.dk, rtol, atol, "dk"));
     EXPECT_TRUE(all_close(c.dv, r.dv, rtol, atol, "dv"));

@@ -14,10 +14,20 @@
 // forward saves only it: backward recomputes the probabilities from q, k and
 // lse (flash-attention style), so no T x T matrix is kept. Backward treats the
 // casts as identity and keeps f32 until it rounds the outputs:
-//   dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - sum_j p_ij dp_ij) P^-0.5
+//   dp_ij = dout_i . v_j,  ds_ij = p_ij (dp_ij - D_i) P^-0.5,  D_i = sum_j p_ij dp_ij
 //   dq_i = sum_j ds_ij k_j,  dk_j = sum_i ds_ij q_i,  dv_j = sum_i p_ij dout_i
-// with dk, dv summed over the query heads of each kv group. Sums run in a
-// fixed order, so results do not depend on the thread count.
+// with dk, dv summed over the query heads of each kv group. D_i equals
+// dout_i . out_i; backward takes the forward's `out` so the cpu:: kernel can
+// use that (FlashAttention-2's row term) instead of a second pass over the
+// keys; ref:: sums p dp itself. Sums run in a fixed order, so results do not
+// depend on the thread count.
+//
+// cpu:: runs f32 and bf16 as a flash attention on the GEMM microkernels
+// (kernels/cpu/attention.cpp: online softmax in key blocks, its exp a
+// polynomial good to ~2 f32 ulps, P and dS rounded to bf16 where the
+// microkernel reads bf16 operands), and f64 one row at a time with the
+// forward bitwise ref::'s. Tests hold it to ref:: within tolerances written
+// next to them (tests/kernels/test_attention.cpp).
 //
 // Packed documents (the *_docs entry points): several documents share a row
 // of T tokens and no token attends across a document boundary, as
@@ -35,19 +45,19 @@
 
 namespace tiermoe {
 
-#define TIERMOE_ATTENTION_DECLS                                                                 \
-  void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,       \
-                         const Tensor& v);                                                      \
-  /* dq, dk, dv (+)= with accumulate */                                                         \
-  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,              \
-                          const Tensor& q, const Tensor& k, const Tensor& v,                   \
-                          const Tensor& lse_BTH, bool accumulate = false);             \
-  void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,  \
-                              const Tensor& v, std::span<const int32_t> doc_start_BT);          \
-  void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,         \
-                               const Tensor& q, const Tensor& k, const Tensor& v,              \
-                               const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,   \
-                               bool accumulate = false);
+#define TIERMOE_ATTENTION_DECLS                                                                    \
+  void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,           \
+                         const Tensor& v);                                                         \
+  /* dq, dk, dv (+)= with accumulate; out is the forward's */                                      \
+  void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, \
+                          const Tensor& k, const Tensor& v, const Tensor& out,                     \
+                          const Tensor& lse_BTH, bool accumulate = false);                         \
+  void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,      \
+                              const Tensor& v, std::span<const int32_t> doc_start_BT);             \
+  void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,             \
+                               const Tensor& q, const Tensor& k, const Tensor& v,                  \
+                               const Tensor& out, const Tensor& lse_BTH,                           \
+                               std::span<const int32_t> doc_start_BT, bool accumulate = false);
 
 namespace ref {
 TIERMOE_ATTENTION_DECLS
@@ -57,5 +67,13 @@ TIERMOE_ATTENTION_DECLS
 }
 
 #undef TIERMOE_ATTENTION_DECLS
+
+namespace cpu {
+// The scratch cpu::attention_backward allocates as activations (memory plans
+// count it): in f32 and bf16 the keys and values packed for the
+// microkernel, and every query head's f32 partial dk and dv; f64 none.
+size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t P,
+                                        DType dt);
+}  // namespace cpu
 
 }  // namespace tiermoe

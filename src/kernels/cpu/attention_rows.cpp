@@ -1,4 +1,6 @@
-// Flash-attention style on the CPU: nothing of size T x T is stored. Inputs
+// The f64 attention (attention.cpp runs f32 and bf16 as a flash attention on
+// the GEMM microkernels): the parity mode's plain path, one query row at a
+// time, nothing of size T x T stored, the forward bitwise ref::'s. Inputs
 // are first repacked head-major in the math dtype: q, dout, v as [B, H, T, P]
 // rows, and k, v also transposed, [B, Hkv, P, T], so a row of scores
 // s_j = sum_p q_p k_jp is built by P vectorized passes over j (no horizontal
@@ -14,7 +16,7 @@
 // results do not depend on the thread count. The forward equals ref::'s bit
 // for bit; backward differs by p = exp(s - lse) against ref's exp(s - m) / sum
 // and in the summation order of dk and dv (ulps).
-#include "tiermoe/kernels/attention.h"
+#include "attention_rows.h"
 
 #include <algorithm>
 #include <cmath>
@@ -86,18 +88,11 @@ inline void to_scores(acc_t<T>* s, int64_t n, acc_t<T> scale) {
 
 }  // namespace
 
-void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                       const Tensor& v) {
-  attention_forward_docs(out, lse_BTH, q, k, v, {});
-}
-
 // With packed documents a query row's scores run over keys [j0, i], its
 // document's; scratch index j - j0 holds key j.
-void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
+void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
                             const Tensor& v, std::span<const int32_t> doc_start_BT) {
-  AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
-  check_elementwise(out, "out", q, "q", "attention_forward");
-  check_doc_starts(doc_start_BT, d.B, d.T, "attention_forward");
+  const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     const A scale = A(1.0 / std::sqrt(double(d.P)));
@@ -140,21 +135,11 @@ void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
   });
 }
 
-void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH, bool accumulate) {
-  attention_backward_docs(dq, dk, dv, dout, q, k, v, lse_BTH, {}, accumulate);
-}
-
-void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
+void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v,
                              const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
                              bool accumulate) {
-  AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
-  check_doc_starts(doc_start_BT, d.B, d.T, "attention_backward");
-  check_elementwise(dout, "dout", q, "q", "attention_backward");
-  check_elementwise(dq, "dq", q, "q", "attention_backward");
-  check_elementwise(dk, "dk", k, "k", "attention_backward");
-  check_elementwise(dv, "dv", v, "v", "attention_backward");
+  const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     const A scale = A(1.0 / std::sqrt(double(d.P)));

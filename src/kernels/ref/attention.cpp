@@ -75,20 +75,23 @@ void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
   });
 }
 
-// Recomputes each probability row from q and k (ref:: does not read lse),
-// accumulates all three gradients in the math dtype, then rounds once.
+// Recomputes each probability row from q and k (ref:: reads neither lse nor
+// out: D_i is summed from p and dp), accumulates all three gradients in the
+// math dtype, then rounds once.
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
-                        const Tensor& k, const Tensor& v, const Tensor& lse_BTH, bool accumulate) {
-  attention_backward_docs(dq, dk, dv, dout, q, k, v, lse_BTH, {}, accumulate);
+                        const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse_BTH,
+                        bool accumulate) {
+  attention_backward_docs(dq, dk, dv, dout, q, k, v, out, lse_BTH, {}, accumulate);
 }
 
 void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
-                             const Tensor& q, const Tensor& k, const Tensor& v,
+                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                              const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
                              bool accumulate) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   check_doc_starts(doc_start_BT, d.B, d.T, "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
+  check_elementwise(out, "out", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
   check_elementwise(dk, "dk", k, "k", "attention_backward");
   check_elementwise(dv, "dv", v, "v", "attention_backward");
