@@ -1,5 +1,7 @@
 #include "tiermoe/model/attention_block.h"
 
+#include <optional>
+
 #include "tiermoe/kernels/attention.h"
 #include "tiermoe/kernels/rmsnorm.h"
 #include "tiermoe/kernels/rope.h"
@@ -123,12 +125,14 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
 
   Tensor q = Tensor::empty({N, H_ * P_}, dt), k = Tensor::empty({N, Hkv_ * P_}, dt);
   Tensor v = Tensor::empty({N, Hkv_ * P_}, dt);
+  std::optional<TimedPart> part(std::in_place, times_, StepPart::projections);
   q_proj_.forward(q, x_TD);
   lora_forward(0, q, x_TD, saved);
   k_proj_.forward(k, x_TD);
   lora_forward(1, k, x_TD, saved);
   v_proj_.forward(v, x_TD);
   lora_forward(2, v, x_TD, saved);
+  part.emplace(times_, StepPart::norms);
   if (qk_norm_ != QkNorm::none) {
     saved.q_raw = q;
     saved.k_raw = k;
@@ -149,8 +153,10 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
 
   Tensor o = Tensor::empty({B, T, H_, P_}, dt);
   saved.lse_BTH = Tensor::empty({B, T, H_}, acc_dtype_for(dt));
+  part.emplace(times_, StepPart::attention);
   cpu::attention_forward_docs(o, saved.lse_BTH, saved.q, saved.k, saved.v, rope.doc_start_BT);
   saved.o_TX = o.view({N, H_ * P_});
+  part.emplace(times_, StepPart::projections);
   o_proj_.forward(y_TD, saved.o_TX);
   lora_forward(3, y_TD, saved.o_TX, saved);
 }
@@ -161,13 +167,16 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
   const DType dt = dy_TD.dtype();
 
   Tensor do_TX = Tensor::empty({N, H_ * P_}, dt);
+  std::optional<TimedPart> part(std::in_place, times_, StepPart::projections);
   o_proj_.backward(do_TX, dy_TD, saved.o_TX);
   lora_backward(3, do_TX, dy_TD, saved.o_TX, saved);
 
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
+  part.emplace(times_, StepPart::attention);
   cpu::attention_backward_docs(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
                                saved.o_TX.view({B, T, H_, P_}), saved.lse_BTH, rope.doc_start_BT);
+  part.emplace(times_, StepPart::norms);
   cpu::rope_backward(dq, dq, rope.cos_RP, rope.sin_RP);
   cpu::rope_backward(dk, dk, rope.cos_RP, rope.sin_RP);
   Tensor dq_TX = dq.view({N, H_ * P_}), dk_TX = dk.view({N, Hkv_ * P_});
@@ -187,6 +196,7 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
     dk_TX = dk_raw;
   }
   Tensor dv_TX = dv.view({N, Hkv_ * P_});
+  part.emplace(times_, StepPart::projections);
   q_proj_.backward(dx_TD, dq_TX, saved.x_TD, accumulate);
   lora_backward(0, dx_TD, dq_TX, saved.x_TD, saved);
   k_proj_.backward(dx_TD, dk_TX, saved.x_TD, true);

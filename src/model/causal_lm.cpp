@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "param_slot.h"
 #include "tiermoe/kernels/cross_entropy.h"
@@ -49,6 +50,7 @@ CausalLM::CausalLM(ModelConfig config, DType compute, Comm* comm, MatrixAlloc al
   embed_ = Weight::matrix({V, D}, compute, alloc);
   for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
     layers_.push_back(std::make_unique<DecoderLayer>(config_, l, compute, *dispatcher_, alloc));
+    layers_.back()->set_step_times(step_times_.get());
   }
   norm_ = Weight::zeros({D}, compute);
   if (!config_.tie_word_embeddings) lm_head_ = Weight::matrix({V, D}, compute, alloc);
@@ -224,6 +226,7 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   saved_.resize(layers_.size());
 
   Tensor x_TD = Tensor::empty({N, D}, dtype_);
+  std::optional<TimedPart> part(std::in_place, step_times_.get(), StepPart::embedding);
   if (embed_.value.dtype() == dtype_) {
     cpu::embedding_forward(x_TD, embed_.value, ids_BT);
   } else {
@@ -234,6 +237,7 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
     x_TD.copy_from(rows_TD);
   }
   check_finite_activation(x_TD, "model.embed_tokens output");
+  part.reset();
   for (size_t l = 0; l < layers_.size(); ++l) {
     x_TD = layers_[l]->forward(x_TD, rope_, saved_[l], grad);
   }
@@ -241,7 +245,9 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   xf_TD_ = x_TD;
   rstd_f_T_ = Tensor::empty({N}, acc_dtype_for(dtype_));
   nf_TD_ = Tensor::empty({N, D}, dtype_);
+  part.emplace(step_times_.get(), StepPart::norms);
   cpu::rmsnorm_forward(nf_TD_, rstd_f_T_, xf_TD_, norm_.value, config_.rms_norm_eps);
+  part.emplace(step_times_.get(), StepPart::lm_head);
   Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
   Tensor dw_head = grad ? head.grad_sink() : Tensor();
   dn_TD_ = grad ? Tensor::empty({N, D}, dtype_) : Tensor();
@@ -249,10 +255,12 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   loss_.targets = count_targets(targets_BT);
   loss_.ce = lm_head_loss(dn_TD_, dw_head, nf_TD_, head.value, targets_BT, head_chunk_);
   std::vector<const Routing*> rs = routings();
+  part.emplace(step_times_.get(), StepPart::router);
   if (!rs.empty()) {
     aux_ = aux_loss_forward(rs, layout.counted_BT);
     loss_.aux = aux_.value;
   }
+  part.reset();
   loss_.aux_in_total = config_.output_router_logits && !rs.empty();
   loss_.total = loss_.ce + (loss_.aux_in_total ? config_.router_aux_loss_coef * loss_.aux : 0.0);
   if (!std::isfinite(loss_.total)) {
@@ -289,6 +297,7 @@ void CausalLM::backward() {
   const int64_t N = B_ * T_, D = config_.hidden_size;
 
   // The head's part (dn_TD_, and the head's weight gradient) ran in forward.
+  std::optional<TimedPart> part(std::in_place, step_times_.get(), StepPart::norms);
   Tensor dx_TD = Tensor::zeros({N, D}, dtype_);
   Tensor dw_norm = norm_.grad_sink();
   cpu::rmsnorm_backward(dx_TD, dw_norm, dn_TD_, xf_TD_, norm_.value, rstd_f_T_,
@@ -298,9 +307,11 @@ void CausalLM::backward() {
   // The aux loss reaches each MoE layer's router logits directly.
   std::vector<const Routing*> rs = routings();
   std::vector<Tensor> dlogits_TE(rs.size());
+  part.emplace(step_times_.get(), StepPart::router);
   if (loss_.aux_in_total) {
     aux_loss_backward(dlogits_TE, config_.router_aux_loss_coef, aux_, rs);
   }
+  part.reset();
   size_t moe_index = rs.size();
   for (size_t l = layers_.size(); l-- > 0;) {
     Tensor extra = layers_[l]->is_moe() ? dlogits_TE[--moe_index] : Tensor();
@@ -308,6 +319,7 @@ void CausalLM::backward() {
     layers_[l]->backward(dprev_TD, dx_TD, rope_, saved_[l], extra);
     dx_TD = dprev_TD;
   }
+  part.emplace(step_times_.get(), StepPart::embedding);
   if (Tensor dtable = embed_.grad_sink(); dtable.defined()) {
     // nn.Embedding(padding_idx = pad_token_id): the lookup adds nothing to
     // the pad row's gradient (a tied lm_head still does).

@@ -1,5 +1,7 @@
 #include "tiermoe/model/decoder_layer.h"
 
+#include <optional>
+
 #include "tiermoe/core/timer.h"
 #include "tiermoe/kernels/rmsnorm.h"
 
@@ -39,6 +41,12 @@ void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
   }
 }
 
+void DecoderLayer::set_step_times(StepTimes* times) {
+  step_times_ = times;
+  attn_.set_step_times(times);
+  if (moe_) moe_->layer().set_step_times(times);
+}
+
 std::vector<LoraAdapter*> DecoderLayer::lora_adapters() {
   std::vector<LoraAdapter*> out = attn_.lora_adapters();
   if (mlp_) {
@@ -54,31 +62,35 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   saved.x_TD = x_TD;
   saved.rstd_in_T = Tensor::empty({T}, acc_dtype_for(dt));
   Tensor n_TD = Tensor::empty({T, D}, dt);
-  cpu::rmsnorm_forward(n_TD, saved.rstd_in_T, x_TD, norm_in_.value, eps_);
+  timed(step_times_, StepPart::norms,
+        [&] { cpu::rmsnorm_forward(n_TD, saved.rstd_in_T, x_TD, norm_in_.value, eps_); });
   Tensor h_TD = Tensor::empty({T, D}, dt);
   auto t0 = Clock::now();
   attn_.forward(h_TD, n_TD, rope, saved.attn);
   times_.attention_s += seconds_since(t0);
-  add_inplace(h_TD, x_TD);
-  // The guard runs on the residual stream: the input was finite, so a
-  // non-finite value here came from this half (before a router sees it).
-  check_finite_activation(h_TD, prefix_ + "self_attn output");
-
   saved.h_TD = h_TD;
   saved.rstd_post_T = Tensor::empty({T}, acc_dtype_for(dt));
   Tensor m_TD = Tensor::empty({T, D}, dt);
-  cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_);
+  timed(step_times_, StepPart::norms, [&] {
+    add_inplace(h_TD, x_TD);
+    // The guard runs on the residual stream: the input was finite, so a
+    // non-finite value here came from this half (before a router sees it).
+    check_finite_activation(h_TD, prefix_ + "self_attn output");
+    cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_);
+  });
   Tensor out_TD;
   t0 = Clock::now();
   if (moe_) {
     out_TD = moe_->forward(m_TD, saved.moe, weight_grads);
   } else {
     out_TD = Tensor::empty({T, D}, dt);
-    mlp_->forward(out_TD, m_TD, saved.mlp);
+    timed(step_times_, StepPart::projections, [&] { mlp_->forward(out_TD, m_TD, saved.mlp); });
   }
   times_.mlp_s += seconds_since(t0);
-  add_inplace(out_TD, h_TD);
-  check_finite_activation(out_TD, mlp_name_ + " output");
+  timed(step_times_, StepPart::norms, [&] {
+    add_inplace(out_TD, h_TD);
+    check_finite_activation(out_TD, mlp_name_ + " output");
+  });
   return out_TD;
 }
 
@@ -92,18 +104,21 @@ void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTabl
   if (moe_) {
     moe_->backward(dm_TD, dout_TD, saved.moe, dlogits_extra_TE);
   } else {
-    mlp_->backward(dm_TD, dout_TD, saved.mlp);
+    timed(step_times_, StepPart::projections, [&] { mlp_->backward(dm_TD, dout_TD, saved.mlp); });
   }
   times_.mlp_s += seconds_since(t0);
+  std::optional<TimedPart> part(std::in_place, step_times_, StepPart::norms);
   Tensor dh_TD = dout_TD.clone();
   Tensor dw_post = norm_post_.grad_sink();
   cpu::rmsnorm_backward(dh_TD, dw_post, dm_TD, saved.h_TD, norm_post_.value, saved.rstd_post_T,
                         /*accumulate=*/true);
+  part.reset();
   // h = x + attn(norm_in(x))
   Tensor dn_TD = Tensor::empty({T, D}, dt);
   t0 = Clock::now();
   attn_.backward(dn_TD, dh_TD, rope, saved.attn);
   times_.attention_s += seconds_since(t0);
+  part.emplace(step_times_, StepPart::norms);
   dx_TD.copy_from(dh_TD);
   Tensor dw_in = norm_in_.grad_sink();
   cpu::rmsnorm_backward(dx_TD, dw_in, dn_TD, saved.x_TD, norm_in_.value, saved.rstd_in_T,

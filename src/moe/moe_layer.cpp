@@ -1,6 +1,7 @@
 #include "tiermoe/moe/moe_layer.h"
 
 #include <algorithm>
+#include <optional>
 
 namespace tiermoe {
 
@@ -173,7 +174,7 @@ Tensor MoeLayer::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads,
                          bool adapter_grads) {
   TIERMOE_CHECK(router_ != nullptr, "this layer has no router", cfg_.name,
                 "pass the routing to forward(x_TD, routing, saved)");
-  Routing routing = router_->forward(x_TD);
+  Routing routing = timed(times_, StepPart::router, [&] { return router_->forward(x_TD); });
   counters_.count_run(MoeRegion::router);
   return forward(x_TD, std::move(routing), saved, weight_grads, adapter_grads);
 }
@@ -202,6 +203,7 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   saved.adapter_grads = adapted.any();
   saved.remat = MoeRematPlan::make(cfg_.keep, absorbed_, weight_grads,
                                    experts_->has_output_postprocess(), adapted);
+  std::optional<TimedPart> part(std::in_place, times_, StepPart::dispatch);
   saved.plan = dispatcher_->plan(routing.ids_TK, routing.weights_TK, E);
   const DispatchPlan& plan = saved.plan;
 
@@ -220,6 +222,7 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   if (exchanges) counters_.count_exchange(MoeRegion::dispatch, /*replay=*/false);
   // w13, act, w2: each source rank's rows on their own, in rank order
   Tensor y_SD = Tensor::empty({ex.received_rows(), D}, dt, MemTag::activations, mem);
+  part.emplace(times_, StepPart::experts);
   for (int s = 0; s < ex.ranks; ++s) {
     saved.routed.emplace_back(segment_record_name(s), mem);
     const int64_t b = ex.segment_W[size_t(s)], e = ex.segment_W[size_t(s) + 1];
@@ -231,12 +234,14 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   for (MoeRegion r : {MoeRegion::w13, MoeRegion::act, MoeRegion::w2}) counters_.count_run(r);
   // combine: the results come back, then the only place its body runs
   // (never replayed)
+  part.emplace(times_, StepPart::dispatch);
   Tensor y_ND = dispatcher_->from_experts(y_SD, ex, mem, cfg_.name + " combine");
   if (exchanges) counters_.count_exchange(MoeRegion::combine, /*replay=*/false);
   Tensor out_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
   combine_forward(out_TD, y_ND, plan, absorbed_);
   counters_.count_run(MoeRegion::combine);
   if (shared_) {
+    part.emplace(times_, StepPart::experts);
     Tensor ys_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
     shared_->forward(ys_TD, x_TD, {0, T}, Tensor(), saved.shared, saved.remat.shared_keep);
     counters_.count_run(MoeRegion::shared);
@@ -322,6 +327,7 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   const ExpertExchange& ex = saved.exchange;
   const bool exchanges = ex.ranks > 1;
   // combine (post-combine: d score here), then dy to the experts' owners
+  std::optional<TimedPart> part(std::in_place, times_, StepPart::dispatch);
   Tensor dy_ND = Tensor::empty({plan.N, D}, dt, MemTag::activations, mem);
   Tensor dscore_N = Tensor::zeros({plan.N}, score_N.dtype(), MemTag::activations, mem);
   combine_backward(dy_ND, dscore_N, dout_TD, saved.absorbed ? Tensor() : saved.layer.get("y_ND"),
@@ -331,6 +337,7 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   // w2, act, w13 (after rebuilding what forward did not keep), each source
   // rank's rows on their own, in rank order: the expert weight gradients
   // add up in the order one rank's micro-batches would add them
+  part.emplace(times_, StepPart::experts);
   std::vector<SavedTensors> routed = saved.routed;
   replay_routed(routed, saved);
   const Tensor score_S = received_scores(saved);
@@ -347,6 +354,7 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
                        saved.weight_grads, saved.adapter_grads);
   }
   // dispatch: dx (and absorbed d scores) back to the rows' source
+  part.emplace(times_, StepPart::dispatch);
   Tensor dx_ND = dispatcher_->from_experts(dx_SD, ex, mem, cfg_.name + " dispatch backward");
   if (saved.absorbed) {
     dscore_N =
@@ -355,6 +363,7 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   if (exchanges) counters_.count_backward_exchange(MoeRegion::dispatch);
   permute_backward(dx_TD, dx_ND, plan, accumulate);
   if (shared_) {
+    part.emplace(times_, StepPart::experts);
     SavedTensors shared = saved.shared;
     replay_shared(shared, saved);
     Tensor dxs_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem), none;
@@ -367,6 +376,7 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
     });
   }
   // route
+  part.emplace(times_, StepPart::router);
   Tensor dweights_TK = Tensor::zeros({T, plan.K}, score_N.dtype(), MemTag::activations, mem);
   scores_backward(dweights_TK, dscore_N, plan);
   if (router_) {

@@ -164,7 +164,34 @@ void run_charts(const ReportInputs& in, std::ostringstream& os, std::vector<std:
                      .y_label = "time per step",
                      .y_kind = ValueKind::seconds,
                      .stacked = true};
-  if (r.has_time_split) {
+  if (r.has_parts) {
+    // The whole step's disjoint parts (train's time_split_s), largest kinds
+    // of work first; parts no line has time for are left out.
+    static constexpr const char* kLabels[kNumStepParts + 1] = {"data",
+                                                               "embedding",
+                                                               "norms, RoPE, residual adds",
+                                                               "projections (LoRA included)",
+                                                               "attention core",
+                                                               "router",
+                                                               "dispatch and combine",
+                                                               "experts on the host",
+                                                               "waiting for the device",
+                                                               "LM head and loss",
+                                                               "optimizer (and tier moves)",
+                                                               "other"};
+    int color = 0;
+    for (size_t p = 0; p <= kNumStepParts; ++p) {
+      std::vector<double> y = r.time.parts[p];
+      bool any = false;
+      for (double& v : y) {
+        v = std::max(0.0, v);  // "other" can read -0.0001 s of clock jitter
+        any |= v > 0;
+      }
+      if (!any) continue;
+      time.lines.push_back({.name = kLabels[p], .x = r.step, .y = std::move(y), .color = color++});
+    }
+    time.note = "Stacked: the parts add up to the step's wall time (other: what no part covers).";
+  } else if (r.has_time_split) {
     const StepTimeSplit& t = r.time;
     time.lines.push_back({.name = "attention", .x = r.step, .y = t.attention_s, .color = 0});
     if (r.has_tier) {

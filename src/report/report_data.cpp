@@ -52,6 +52,9 @@ void truncate_steps(RunSeries& r, size_t n) {
   for (auto& [tag, v] : r.memory_live) {
     if (v.size() > n) v.resize(n);
   }
+  for (std::vector<double>& v : r.time.parts) {
+    if (v.size() > n) v.resize(n);
+  }
 }
 
 // Drops the eval points and re-placements at or after `step`.
@@ -135,6 +138,13 @@ void add_line(RunSeries& r, const json& j, const std::string& where) {
   r.time.other_s.push_back(std::max(0.0, step_s - attention - mlp - moves));
   r.time.device_s.push_back(device);
   r.time.transfer_s.push_back(transfer);
+  const auto split = j.find("time_split_s");
+  const bool has_split = split != j.end() && split->is_object();
+  if (has_split) r.has_parts = true;
+  for (size_t p = 0; p <= kNumStepParts; ++p) {
+    const char* name = p < kNumStepParts ? step_part_name(StepPart(p)).data() : "other";
+    r.time.parts[p].push_back(has_split ? number(*split, name, where + ": time_split_s") : 0.0);
+  }
 
   const auto memory = j.find("memory_bytes");
   if (memory != j.end() && memory->is_object() && memory->contains("live")) {

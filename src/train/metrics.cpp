@@ -66,6 +66,14 @@ json tier_step_json(const TierStepStats& s) {
   return j;
 }
 
+json time_split_json(const StepTimes& parts, double step_s) {
+  json j = json::object();
+  for (size_t i = 0; i < kNumStepParts; ++i)
+    j[std::string(step_part_name(StepPart(i)))] = parts.s[i];
+  j["other"] = step_s - parts.sum();
+  return j;
+}
+
 json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
   json j = {
       {"step", s.step},
@@ -79,6 +87,7 @@ json step_metrics_json(const StepStats& s, const MemorySnapshot& memory) {
       {"step_time_s", s.seconds},
       {"attention_s", s.attention_s},
       {"mlp_s", s.mlp_s},
+      {"time_split_s", time_split_json(s.times, s.seconds)},
       {"memory_bytes", {{"live", bytes_by_tag(memory.live)}, {"peak", bytes_by_tag(memory.peak)}}}};
   if (s.tier) j["tier"] = tier_step_json(*s.tier);
   if (s.comm) j["comm"] = comm_stats_json(*s.comm);

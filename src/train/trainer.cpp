@@ -1,7 +1,9 @@
 #include "tiermoe/train/trainer.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/train/grad_accum.h"
@@ -90,7 +92,8 @@ Trainer::Trainer(CausalLM& model, const RowSource& data, TrainerOptions options)
 
 StepStats Trainer::accumulate_gradients() {
   const auto start = std::chrono::steady_clock::now();
-  zero_grads(params_);
+  StepTimes* times = &model_.step_times();
+  timed(times, StepPart::optimizer, [&] { zero_grads(params_); });
   StepStats s;
   const int64_t B = options_.batch, L = options_.seq_len;
   Comm* comm = model_.comm();
@@ -98,12 +101,15 @@ StepStats Trainer::accumulate_gradients() {
   const int64_t passes = options_.grad_accum / P;
   for (int64_t pass = 0; pass < passes; ++pass) {
     TokenBatch batch;
-    for (int r = 0; r < P; ++r) {
-      TokenBatch b = sampler_.next_batch(B);
-      if (r == me) batch = std::move(b);
-    }
+    timed(times, StepPart::data, [&] {
+      for (int r = 0; r < P; ++r) {
+        TokenBatch b = sampler_.next_batch(B);
+        if (r == me) batch = std::move(b);
+      }
+    });
     if (pass > 0) {
       // The replicated gradients are this micro-batch's alone (folded below).
+      TimedPart part(times, StepPart::optimizer);
       for (Parameter& p : params_) {
         if (p.expert < 0) p.grad.zero();
       }
@@ -129,13 +135,16 @@ StepStats Trainer::accumulate_gradients() {
       s.aux += all[size_t(3 * r + 2)];
       s.tokens += B * L;
     }
-    fold_replicated_grads(pass, passes);
+    timed(times, StepPart::optimizer, [&] { fold_replicated_grads(pass, passes); });
   }
   const double n = double(options_.grad_accum);
   s.loss /= n;
   s.ce /= n;
   s.aux /= n;
-  if (options_.grad_accum > 1) average_accumulated_grads(params_, options_.grad_accum);
+  if (options_.grad_accum > 1) {
+    timed(times, StepPart::optimizer,
+          [&] { average_accumulated_grads(params_, options_.grad_accum); });
+  }
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return s;
 }
@@ -172,10 +181,12 @@ StepStats Trainer::step() {
   const auto start = std::chrono::steady_clock::now();
   const CommStats comm_before = model_.comm() ? model_.comm()->stats() : CommStats();
   const LayerTimes times_before = model_.layer_times();
+  const StepTimes parts_before = model_.step_times();
   DeviceTier* tier = model_.device_tier();
   if (tier) tier->begin_step();
   StepStats s = accumulate_gradients();
   Comm* comm = model_.comm();
+  std::optional<TimedPart> part(std::in_place, &model_.step_times(), StepPart::optimizer);
   s.grad_norm = options_.max_grad_norm > 0 ? clip_grad_norm(params_, options_.max_grad_norm, comm)
                                            : global_grad_norm(params_, comm);
   s.lr = schedule_.lr(step_);
@@ -184,6 +195,7 @@ StepStats Trainer::step() {
   // Between steps: updated expert weights go back to the device, the
   // routing profile advances and the placement may change.
   if (tier) s.tier = tier->end_step(/*weights_changed=*/true);
+  part.reset();
   if (model_.ep_ranks() > 1) s.comm = model_.comm()->stats().since(comm_before);
   ++step_;
   s.step = step_;
@@ -192,6 +204,13 @@ StepStats Trainer::step() {
   const LayerTimes times_after = model_.layer_times();
   s.attention_s = times_after.attention_s - times_before.attention_s;
   s.mlp_s = times_after.mlp_s - times_before.mlp_s;
+  s.times = model_.step_times().since(parts_before);
+  if (s.tier) {
+    // The experts' calls include the wait for the device tier.
+    const double wait = std::min(s.tier->total.wait_s, s.times[StepPart::experts]);
+    s.times[StepPart::expert_wait] = wait;
+    s.times[StepPart::experts] -= wait;
+  }
   return s;
 }
 

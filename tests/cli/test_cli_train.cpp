@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "cli/cli_fixture.h"
+#include "tiermoe/core/step_times.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/io/tokens.h"
 
@@ -60,6 +61,16 @@ TEST_F(CliTrain, JsonSummaryAndMetricsLines) {
   ASSERT_EQ(j.at("losses").size(), 3u);
   EXPECT_EQ(j.at("final_loss"), j.at("losses").back());
   EXPECT_GT(j.at("memory_peak_bytes").at("weights").get<double>(), 0);
+  // The mean step's split: every part and what none covers add up to it.
+  const json& split = j.at("time_split_s");
+  double sum = 0;
+  for (const auto& [part, seconds] : split.items()) {
+    if (part != "step_s") sum += seconds.get<double>();
+  }
+  EXPECT_EQ(split.size(), kNumStepParts + 2);  // the parts, other, step_s
+  EXPECT_NEAR(sum, split.at("step_s").get<double>(), 1e-9);
+  EXPECT_LT(std::abs(split.at("other").get<double>()), 0.05 * split.at("step_s").get<double>());
+  EXPECT_TRUE(contains(r.err, "step time split (mean step")) << r.err;
 
   std::istringstream lines(slurp(path("m.jsonl")));
   std::string line;

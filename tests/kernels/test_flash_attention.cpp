@@ -245,7 +245,9 @@ TEST(FlashAttention, ANanQueryReachesItsOutput) {
       bool bad = false;
       for (int64_t c = 0; c < 16; ++c) bad |= std::isnan(r.out.get(row * 16 + c));
       nan_rows += bad;
-      if (row == 70 * 2 + 1) EXPECT_TRUE(bad) << "the NaN query's output";
+      if (row == 70 * 2 + 1) {
+        EXPECT_TRUE(bad) << "the NaN query's output";
+      }
     }
     EXPECT_EQ(nan_rows, 1);
   }

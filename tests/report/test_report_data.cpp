@@ -75,6 +75,7 @@ TEST_F(ReportData, SeriesEqualTheMetricsOfARealTieredRun) {
   EXPECT_EQ(*r.loss_floor, lines.back().at("loss_floor").get<double>());
   EXPECT_TRUE(r.has_tier);
   EXPECT_TRUE(r.has_time_split);
+  EXPECT_TRUE(r.has_parts);
   std::vector<double> replaced;
   for (size_t i = 0; i < lines.size(); ++i) {
     const json& j = lines[i];
@@ -106,6 +107,27 @@ TEST_F(ReportData, SeriesEqualTheMetricsOfARealTieredRun) {
     EXPECT_DOUBLE_EQ(r.time.other_s[i], step_s - attention - mlp - moves) << at;
     EXPECT_EQ(r.time.device_s[i], t.at("device_s").get<double>()) << at;
     EXPECT_EQ(r.time.transfer_s[i], t.at("transfer_s").get<double>()) << at;
+
+    // The whole step's parts: what a tiered MoE step does all shows, the
+    // wait is the tier's, and they add up to the step within 5%.
+    const json& split = j.at("time_split_s");
+    double sum = 0;
+    for (size_t p = 0; p <= kNumStepParts; ++p) {
+      const std::string name =
+          p < kNumStepParts ? std::string(step_part_name(StepPart(p))) : "other";
+      EXPECT_EQ(r.time.parts[p][i], split.at(name).get<double>()) << at << " " << name;
+      if (p < kNumStepParts) sum += split.at(name).get<double>();
+    }
+    for (const char* part : {"data", "embedding", "norms", "projections", "attention", "router",
+                             "dispatch", "experts", "lm_head", "optimizer"}) {
+      EXPECT_GT(split.at(part).get<double>(), 0.0) << at << " " << part;
+    }
+    EXPECT_EQ(
+        split.at("expert_wait").get<double>(),
+        std::min(wait, split.at("experts").get<double>() + split.at("expert_wait").get<double>()))
+        << at;
+    EXPECT_NEAR(sum, step_s, 0.05 * step_s) << at;
+    EXPECT_DOUBLE_EQ(split.at("other").get<double>(), step_s - sum) << at;
 
     const json& live = j.at("memory_bytes").at("live");
     ASSERT_EQ(r.memory_tags.size(), live.size()) << at;

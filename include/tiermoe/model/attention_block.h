@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "tiermoe/core/step_times.h"
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/model/linear.h"
@@ -73,6 +74,10 @@ class AttentionBlock {
   void enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng);
   std::vector<LoraAdapter*> lora_adapters();  // q, k, v, o (the adapted ones)
 
+  // Where forward and backward add their wall time: projections (LoRA
+  // included), norms (the q/k norms and RoPE) and attention (the core).
+  void set_step_times(StepTimes* times) { times_ = times; }
+
  private:
   // y_MO += the LoRA branch of projection i (0..3: q, k, v, o), if adapted.
   void lora_forward(int i, Tensor& y_MO, const Tensor& x_MI, AttentionSaved& saved) const;
@@ -86,6 +91,7 @@ class AttentionBlock {
   Linear q_proj_, k_proj_, v_proj_, o_proj_;
   Weight q_norm_, k_norm_;  // (P) per head, (H*P) / (Hkv*P) whole; undefined for none
   std::array<std::unique_ptr<LoraAdapter>, 4> lora_;  // q, k, v, o; null when not adapted
+  StepTimes* times_ = nullptr;
 };
 
 }  // namespace tiermoe

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "tiermoe/core/progress_meter.h"
+#include "tiermoe/core/step_times.h"
 #include "tiermoe/dist/comm.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/safetensors.h"
@@ -145,6 +146,9 @@ class CausalLM {
   DecoderLayer& layer(int64_t i) { return *layers_[size_t(i)]; }
   // Every layer's times added up (forward and backward so far).
   LayerTimes layer_times() const;
+  // The wall time of every part of forward and backward so far (StepPart);
+  // the trainer adds its data and optimizer parts to the same record.
+  StepTimes& step_times() { return *step_times_; }
 
   // ---- remat and score absorption
   // Applies the policy's MoE view (RematPolicy::moe_keep) and the absorption
@@ -218,6 +222,8 @@ class CausalLM {
   DType dtype_;
   Comm* comm_ = nullptr;
   std::unique_ptr<Dispatcher> dispatcher_;
+  // Behind a pointer so the layers' pointers to it survive moving the model.
+  std::unique_ptr<StepTimes> step_times_ = std::make_unique<StepTimes>();
   Weight embed_;    // (V, D)
   std::vector<std::unique_ptr<DecoderLayer>> layers_;
   Weight norm_;     // (D)

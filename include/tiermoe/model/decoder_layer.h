@@ -62,6 +62,9 @@ class DecoderLayer {
   DenseMlp* dense_mlp() { return mlp_.get(); }
   MoeBlock* moe() { return moe_.get(); }
   const LayerTimes& times() const { return times_; }
+  // Where the layer's parts add their wall time (StepPart): its norms and
+  // residual adds, the attention block's and the MLP's parts.
+  void set_step_times(StepTimes* times);
 
  private:
   int64_t layer_;
@@ -72,6 +75,7 @@ class DecoderLayer {
   std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_
   std::unique_ptr<MoeBlock> moe_;
   LayerTimes times_;
+  StepTimes* step_times_ = nullptr;
 };
 
 }  // namespace tiermoe

@@ -17,6 +17,7 @@
 #include <string_view>
 #include <vector>
 
+#include "tiermoe/core/step_times.h"
 #include "tiermoe/moe/dispatch.h"
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/regions.h"
@@ -105,6 +106,10 @@ class MoeLayer {
   // a layer runs one forward or backward at a time).
   const MoeRegionCounters& counters() const { return counters_; }
   void reset_counters() { counters_.reset(); }
+  // Where forward and backward add their wall time: router, dispatch (plan,
+  // gather, combine, all-to-alls) and experts (routed and shared, replays
+  // included); null: nowhere.
+  void set_step_times(StepTimes* times) { times_ = times; }
 
   // out_TD = sum_k weights[t, k] * expert_{ids[t, k]}(x_TD[t]) (+ shared(x_TD[t])).
   // weight_grads = false keeps only what dx needs (frozen experts, LoRA).
@@ -145,6 +150,7 @@ class MoeLayer {
   ExpertExecutor* shared_;
   bool absorbed_;
   MoeRegionCounters counters_;
+  StepTimes* times_ = nullptr;
 };
 
 }  // namespace tiermoe

@@ -15,12 +15,15 @@
 // checkpoint older than the last line, steps repeat. A line whose step is at
 // or below an earlier one drops the earlier lines from that step on, so the
 // series hold the run as it went on (each step once, increasing).
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
+
+#include "tiermoe/core/step_times.h"
 
 namespace tiermoe {
 
@@ -32,6 +35,10 @@ namespace tiermoe {
 struct StepTimeSplit {
   std::vector<double> attention_s, mlp_other_s, host_experts_s, wait_s, tier_moves_s, other_s;
   std::vector<double> device_s, transfer_s;  // device stream busy; of which transfers
+  // The whole step's disjoint parts, when lines carry "time_split_s"
+  // (metrics.h): one series per StepPart in its order, then what no part
+  // covers.
+  std::array<std::vector<double>, kNumStepParts + 1> parts;
 };
 
 struct RunSeries {
@@ -42,6 +49,7 @@ struct RunSeries {
   int64_t total_steps = 0;                   // the run's planned steps (0: not in the metrics)
   std::vector<double> eval_step, eval_loss;  // lines with "eval_loss"
   bool has_time_split = false;               // lines carry attention_s / mlp_s
+  bool has_parts = false;                    // lines carry time_split_s
   StepTimeSplit time;
   bool has_tier = false;
   std::vector<double> hot_fraction, drift;

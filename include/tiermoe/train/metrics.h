@@ -8,8 +8,12 @@
 //    "memory_bytes": {"live": {"weights": ..., ...}, "peak": {...}}}
 //
 // attention_s and mlp_s are the step's wall time in the attention blocks and
-// in the MoE blocks / dense MLPs (forward, backward, replays); the rest of
-// step_time_s is the embedding, norms, LM head, loss and optimizer.
+// in the MoE blocks / dense MLPs (forward, backward, replays). "time_split_s"
+// splits the whole step into disjoint parts (core/step_times.h): data,
+// embedding, norms (with RoPE and the residual adds), projections (LoRA
+// included), attention (the core), router, dispatch (and combine), experts
+// (the host's), expert_wait (for the device tier), lm_head (with the loss),
+// optimizer, and other: step_time_s less the parts' sum, what none covers.
 // loss_floor is there when the data has one (the built-in corpus).
 //
 // With a device tier, "tier" holds the step's tier_step_json: its totals,
@@ -49,6 +53,8 @@ nlohmann::json bytes_by_tag(const std::array<size_t, kNumMemTags>& bytes);
 nlohmann::json tier_totals_json(const TierLayerStats& t);
 nlohmann::json tier_step_json(const TierStepStats& s);
 nlohmann::json step_metrics_json(const StepStats& s, const MemorySnapshot& memory);
+// {"data": s, "embedding": s, ..., "other": step_s - their sum}.
+nlohmann::json time_split_json(const StepTimes& parts, double step_s);
 // This rank's collectives: the MoE layers' all-to-alls (bytes sent plus
 // received, seconds, calls) and the allgathers that sum the replicated
 // gradients, the losses and the norm ("fold_*").

@@ -82,6 +82,10 @@ struct StepStats {
   double seconds = 0;    // wall time of the step
   double attention_s = 0;  // of which in the attention blocks (forward + backward)
   double mlp_s = 0;        // in the MoE blocks and dense MLPs (the experts' share is tier->total)
+  // The step's wall time part by part (core/step_times.h); with a device
+  // tier, waiting for it is expert_wait and the host's experts the rest of
+  // the experts' time. seconds - times.sum() is what no part covers.
+  StepTimes times;
   std::optional<TierStepStats> tier;  // with a device tier: what it did this step
   // More than one rank: this rank's collectives in the step (the MoE
   // layers' all-to-alls; the gradient fold and the norm's allgathers).

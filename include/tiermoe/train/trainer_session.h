@@ -72,6 +72,9 @@ struct TrainSummary {
   std::string final_export;               // DIR/final or DIR/adapter; empty when not written
   nlohmann::json tier;                    // the device tier's totals; null without one
   nlohmann::json comm;                    // more than one rank: the collectives' totals
+  // The mean step's split (metrics.h "time_split_s") over this process's
+  // steps, and that mean step's seconds ("step_s"), which the parts add to.
+  nlohmann::json time_split;
 
   nlohmann::json to_json() const;
 };
