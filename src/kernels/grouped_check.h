@@ -57,7 +57,7 @@ inline void check_grouped_matmul(const Tensor& y_NO, const Tensor& x_NI,
   const bool dx = w.use() == PackUse::backward_dx;
   const int64_t N = x_NI.defined() ? x_NI.size(0) : 0;
   const int64_t O = dx ? w.in_features() : w.out_features();
-  const DType dt = w.source().dtype();
+  const DType dt = w.dtype();
   check_rows_of(x_NI, N, dx ? w.out_features() : w.in_features(), dt, op, "x_NI");
   check_rows_of(y_NO, N, O, dt, op, "y_NO");
   check_grouped_rows(offset_G, w.groups(), N, skip_G, op);
@@ -77,7 +77,7 @@ inline void check_grouped_glu_forward(const Tensor& h_N2F, const Tensor& a_NF, c
   const char* op = "grouped_glu_forward";
   check_packed(w13, PackUse::forward_glu, PackUse::forward_glu, op);
   const int64_t N = x_ND.defined() ? x_ND.size(0) : 0, F = w13.out_features() / 2;
-  const DType dt = w13.source().dtype();
+  const DType dt = w13.dtype();
   check_rows_of(x_ND, N, w13.in_features(), dt, op, "x_ND");
   check_rows_of(h_N2F, N, 2 * F, dt, op, "h_N2F");
   check_rows_of(a_NF, N, F, dt, op, "a_NF");

@@ -9,16 +9,37 @@
 
 namespace tiermoe {
 
+namespace {
+
+// Expert e's W13 ([2F, D]) or W2 ([D, F]) as stored: a slice of the stacks,
+// or the tensor bound for it alone (a checkpoint's per-expert weights).
+std::vector<Tensor> expert_weights(const GroupedExperts& experts, bool w13) {
+  std::vector<Tensor> w(size_t(experts.config().num_experts));
+  for (size_t e = 0; e < w.size(); ++e) {
+    const ExpertWeights ew = experts.weights(int64_t(e));
+    w[e] = w13 ? ew.w13_FD : ew.w2_DF;
+  }
+  return w;
+}
+
+// Whether the grouped products read weights of dtype `stored` in a run of
+// `dt`: as they are, or widened while packing (bf16 into f32).
+bool packs_from(DType stored, DType dt) {
+  return stored == dt || (dt == DType::f32 && stored == DType::bf16);
+}
+
+}  // namespace
+
 bool ExpertPacks::applies(const GroupedExperts& experts) {
   const ExpertsConfig& cfg = experts.config();
   const DType dt = experts.dtype();
-  return experts.packs().enabled() && cfg.kernels == KernelSet::cpu && computes_in(dt) &&
-         // Weights bound one expert at a time, or stored narrower than the
-         // run (a mapped bf16 checkpoint in an f32 run), take expert_math.h's
-         // per-expert (mixed-width) products.
-         !experts.weights_per_expert() && experts.param("w13").dtype() == dt &&
-         experts.param("w2").dtype() == dt && !experts.adapter() && !cfg.post_norm &&
-         experts.packs().fits_host_memory(experts);
+  if (!experts.packs().enabled() || cfg.kernels != KernelSet::cpu || !computes_in(dt) ||
+      experts.adapter() || cfg.post_norm || cfg.num_experts == 0) {
+    return false;
+  }
+  const ExpertWeights w = experts.weights(0);
+  return w.w13_FD.defined() && w.w2_DF.defined() && packs_from(w.w13_FD.dtype(), dt) &&
+         packs_from(w.w2_DF.dtype(), dt) && experts.packs().fits_host_memory(experts);
 }
 
 bool ExpertPacks::computes_in(DType dt) {
@@ -28,7 +49,10 @@ bool ExpertPacks::computes_in(DType dt) {
 bool ExpertPacks::fits_host_memory(const GroupedExperts& experts) {
   std::lock_guard lock(mutex_);
   if (!checked_) {
-    const uint64_t stacks = uint64_t(experts.param("w13").nbytes() + experts.param("w2").nbytes());
+    // The stacks' bytes at the products' width: what the packs copy.
+    const ExpertsConfig& cfg = experts.config();
+    const uint64_t stacks = uint64_t(cfg.num_experts) * uint64_t(3 * cfg.ffn * cfg.hidden) *
+                            dtype_size(experts.dtype());
     refused_ = !packs_fit(stacks, host_memory_available());
     checked_ = true;
   }
@@ -63,18 +87,19 @@ const PackedWeights& ExpertPacks::get(const GroupedExperts& experts, ExpertPack 
     glu = Glu{GluKind::clamped, cfg.gpt_oss.alpha, cfg.gpt_oss.limit};
   }
   stats_.bytes -= s.w.bytes();
+  const DType dt = experts.dtype();
   switch (which) {
     case ExpertPack::w13_glu:
-      s.w.pack(experts.param("w13"), PackUse::forward_glu, glu);
+      s.w.pack(expert_weights(experts, true), dt, PackUse::forward_glu, glu);
       break;
     case ExpertPack::w2:
-      s.w.pack(experts.param("w2"), PackUse::forward);
+      s.w.pack(expert_weights(experts, false), dt, PackUse::forward);
       break;
     case ExpertPack::w13_dx:
-      s.w.pack(experts.param("w13"), PackUse::backward_dx);
+      s.w.pack(expert_weights(experts, true), dt, PackUse::backward_dx);
       break;
     case ExpertPack::w2_dx:
-      s.w.pack(experts.param("w2"), PackUse::backward_dx);
+      s.w.pack(expert_weights(experts, false), dt, PackUse::backward_dx);
       break;
   }
   stats_.bytes += s.w.bytes();

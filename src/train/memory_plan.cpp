@@ -189,14 +189,16 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   }
   // Frozen experts without adapters run on the grouped kernels, which keep
   // packed copies of every MoE layer's stacks (moe/expert_kernels.h) under
-  // `weights`: when the stacks hold the run's dtype (a preset's init, or a
-  // checkpoint's fused stacks at least as wide), on a TierMoE ISA, and while
-  // the packs fit ExpertPacks' rule, which each layer applies at its first
-  // pack to the memory left then (here: what is available now, less the
-  // plan's own bytes so far and the layers packed before it).
-  const bool stacked = !stored.has_value() || (stored->fused_experts && !mixed);
+  // `weights`, at the run's width: when the experts' weights are stored as
+  // the run computes or as bf16 in an f32 run (widened while packing), on a
+  // TierMoE ISA, and while the packs fit ExpertPacks' rule, which each layer
+  // applies at its first pack to the memory left then (here: what is
+  // available now, less the plan's own bytes so far and the layers packed
+  // before it).
+  const bool packable =
+      !keep_stored || stored->dtype == dt || (dt == DType::f32 && stored->dtype == DType::bf16);
   const bool grouped =
-      lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && stacked;
+      lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && packable;
   int64_t packed_layers = 0;
   if (grouped) {
     const uint64_t stack =

@@ -315,6 +315,14 @@ TEST(GroupedMatmul, RejectsBadArguments) {
   EXPECT_THROW(cpu::grouped_matmul(y, x, {0, 2, 5}, unpacked), Error);
   PackedWeights p;
   EXPECT_THROW(p.pack(x, PackUse::forward), Error);  // not [G, N, K]
+  // One weight per group: every one [N, K] at the products' width or
+  // narrower (bf16 into f32), never wider.
+  const Tensor w_bf16 = w.to(DType::bf16);
+  EXPECT_THROW(p.pack({w.select(0), x}, DType::f32, PackUse::forward), Error);
+  EXPECT_THROW(p.pack({w.select(0), w.select(1)}, DType::bf16, PackUse::forward), Error);
+  EXPECT_THROW(p.pack({}, DType::f32, PackUse::forward), Error);
+  p.pack({w.select(0), w_bf16.select(1)}, DType::f32, PackUse::forward);
+  EXPECT_EQ(p.dtype(), DType::f32);
   p.pack(w, PackUse::forward);
   EXPECT_EQ(p.bytes() > 0, true);
   EXPECT_THROW(cpu::grouped_matmul(y, x, {0, 2, 4}, p), Error);     // offsets end short of N

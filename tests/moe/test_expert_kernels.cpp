@@ -156,6 +156,49 @@ TEST_P(ExpertKernels, EqualPerExpertPathBitwise) {
   }
 }
 
+// A checkpoint's per-expert tensors, mapped one expert at a time, and bf16
+// weights in an f32 run (widened while packing) run on the grouped kernels
+// too, with the per-expert path's bits (which reads the same bound weights
+// through its mixed-width products). Dx only: such weights are frozen.
+TEST_P(ExpertKernels, BoundPerExpertAndNarrowerWeightsEqualPerExpertPath) {
+  const auto [isa, dt, variant, absorbed] = GetParam();
+  Rng rng(85);
+  const ExpertsConfig cfg = testing::experts_config(variant, int64_t(kRows.size()), kD, kF);
+  GroupedExperts stacked(cfg, dt);
+  testing::fill_experts(stacked, rng, 0.3);
+  // f32 runs read bf16 weights; bf16 runs their own width.
+  const DType stored = DType::bf16;
+  GroupedExperts ex(cfg, dt, "experts", /*unbound_weights=*/true);
+  const Tensor w13 = std::as_const(stacked).param("w13").to(stored);
+  const Tensor w2 = std::as_const(stacked).param("w2").to(stored);
+  for (int64_t e = 0; e < cfg.num_experts; ++e) {
+    ex.bind_expert_weights(e, w13.select(e).clone(), w2.select(e).clone());
+  }
+  if (cfg.bias) {
+    ex.param("b13").copy_from(std::as_const(stacked).param("b13"));
+    ex.param("b2").copy_from(std::as_const(stacked).param("b2"));
+  }
+  ASSERT_TRUE(ex.weights_per_expert());
+  ASSERT_TRUE(ExpertPacks::applies(ex)) << "bound or narrower weights left the grouped kernels";
+  const int64_t N = offsets().back();
+  const Tensor x = random_tensor({N, kD}, dt, rng), dy = random_tensor({N, kD}, dt, rng);
+  Tensor score;
+  if (absorbed) {
+    score = Tensor::empty({N}, DType::f32);
+    for (int64_t n = 0; n < N; ++n) score.set(n, rng.uniform(0.05, 1.0));
+  }
+  const Outputs got = host_run(ex, x, dy, score, false);
+  EXPECT_EQ(ex.packs().stats().packs, 4) << "the grouped kernels did not run";
+  const Outputs want = per_expert_run(ex, x, dy, score, false);
+  expect_same(got, want, {}, "bound one expert at a time");
+  // And the stacked experts holding the same (bf16-rounded) values at the
+  // run's width give those bits again: the widened weights are the ones
+  // computed with.
+  stacked.param("w13").copy_from(w13);
+  stacked.param("w2").copy_from(w2);
+  expect_same(got, host_run(stacked, x, dy, score, false), {}, "stacked at the run's width");
+}
+
 // Packed once: a second step with unchanged weights packs nothing; after an
 // in-place change announced by weights_changed() (the optimizer step's
 // path) the results follow the new weights.

@@ -17,7 +17,8 @@
 // the same elementwise steps, bit for bit (tests/kernels/test_grouped_matmul.cpp).
 //
 // ref:: twins (plain loops over ref::matmul_*, the oracle) take the same
-// arguments and read the stack the PackedWeights was packed from.
+// arguments and read the weights the PackedWeights was packed from (widened
+// to the products' dtype where they are stored narrower).
 //
 // Dtypes: f32 or bf16 (f64 runs stay on the per-expert path); outputs and
 // bias in the input dtype, scores f32 (or f64), math in f32, one rounding to
@@ -52,10 +53,17 @@ enum class PackUse : uint8_t { forward, forward_glu, backward_dx };
 class PackedWeights {
  public:
   // Packs every weight of w_GNK (f32 or bf16, contiguous, [G, N, K]) for
-  // `use` on the process's ISA (cpu_isa(); not onednn). The buffer is kept
-  // and reused when a re-pack needs no more bytes. Keeps a view of w_GNK,
-  // which the ref twins read; the caller re-packs after changing it.
+  // `use` on the process's ISA (cpu_isa(); not onednn), for products in its
+  // dtype. The buffer is kept and reused when a re-pack needs no more bytes.
+  // Keeps views of the weights, which the ref twins read; the caller
+  // re-packs after changing them.
   void pack(const Tensor& w_GNK, PackUse use, Glu glu = {});
+  // The same from one contiguous [N, K] weight per group (experts bound one
+  // at a time, as a checkpoint's per-expert tensors are mapped), for
+  // products in dt: each weight stored as dt, or as bf16 for an f32 product
+  // (a mapped bf16 checkpoint in an f32 run), widened while packing, so the
+  // products are those of the widened weights.
+  void pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu glu = {});
   // The bytes pack() allocates for a [G, N, K] stack of dtype dt (f32 or
   // bf16) on the process's ISA, without packing (memory plans).
   static int64_t storage_bytes(int64_t G, int64_t N, int64_t K, DType dt, PackUse use,
@@ -64,7 +72,8 @@ class PackedWeights {
   CpuIsa isa() const { return isa_; }
   PackUse use() const { return use_; }
   const Glu& glu() const { return glu_; }
-  const Tensor& source() const { return source_; }
+  DType dtype() const { return dtype_; }  // of the products' inputs and outputs
+  const Tensor& source(int64_t g) const { return sources_[size_t(g)]; }  // [N, K] as stored
   int64_t groups() const { return G_; }
   int64_t out_features() const { return N_; }  // N
   int64_t in_features() const { return K_; }   // K
@@ -76,7 +85,9 @@ class PackedWeights {
   const void* group_data(int64_t g) const;
 
  private:
-  Tensor source_, storage_;
+  std::vector<Tensor> sources_;
+  Tensor storage_;
+  DType dtype_ = DType::f32;
   CpuIsa isa_ = CpuIsa::avx2;
   PackUse use_ = PackUse::forward;
   Glu glu_;

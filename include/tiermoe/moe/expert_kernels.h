@@ -42,10 +42,11 @@ enum class ExpertPack : uint8_t { w13_glu, w2, w13_dx, w2_dx };
 
 class ExpertPacks {
  public:
-  // Whether the grouped kernels run these experts now: cpu kernels, f32 or
-  // bf16 weights stored as the run computes, no adapter, no postprocess, a
-  // TierMoE ISA (not onednn), not turned off here, and packed copies that fit
-  // (fits_host_memory).
+  // Whether the grouped kernels run these experts now: cpu kernels, an f32
+  // or bf16 run whose expert weights are stored as it computes or narrower
+  // (bf16 in an f32 run, widened while packing), stacked or bound one expert
+  // at a time, no adapter, no postprocess, a TierMoE ISA (not onednn), not
+  // turned off here, and packed copies that fit (fits_host_memory).
   static bool applies(const GroupedExperts& experts);
   // The part of that rule a memory plan can check before any expert exists:
   // the grouped kernels compute in dt (f32 or bf16) on this process's ISA
@@ -63,8 +64,9 @@ class ExpertPacks {
   // the host out of memory. Decided once; `pack_refused()` says it was no.
   bool fits_host_memory(const GroupedExperts& experts);
   bool pack_refused() const { return refused_; }
-  // The rule: packs of stacks of `stack_bytes` (W13 and W2 together) fit
-  // when about 2.25x that is at most half of `available`.
+  // The rule: packs of stacks of `stack_bytes` (W13 and W2 together, at the
+  // run's width: a widened bf16 stack counts as f32) fit when about 2.25x
+  // that is at most half of `available`.
   static bool packs_fit(uint64_t stack_bytes, uint64_t available);
   // The bytes the four packed stacks of `experts` experts of hidden D and
   // ffn F (gpt_oss: the clamped activation's layout) in dtype dt (f32 or

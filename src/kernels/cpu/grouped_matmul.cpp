@@ -92,33 +92,56 @@ int64_t PackedWeights::storage_bytes(int64_t G, int64_t N, int64_t K, DType dt, 
 }
 
 void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
-  const char* op = "PackedWeights::pack";
   TIERMOE_CHECK(w_GNK.defined() && w_GNK.dim() == 3 &&
                     (w_GNK.dtype() == DType::f32 || w_GNK.dtype() == DType::bf16),
-                str_of(op, ": the stack must be [G, N, K] f32 or bf16, got ",
+                str_of("PackedWeights::pack: the stack must be [G, N, K] f32 or bf16, got ",
                        w_GNK.defined() ? w_GNK.str() : std::string("undefined")),
-                op, "pass the stacked weights, e.g. w13_EFD");
-  const int64_t G = w_GNK.size(0), N = w_GNK.size(1), K = w_GNK.size(2);
-  TIERMOE_CHECK(use != PackUse::forward_glu || N % 2 == 0,
-                str_of(op, ": a GLU weight needs an even output count, got ", N), op,
-                "W13 stacks gate and up rows: [G, 2F, D]");
+                "PackedWeights::pack", "pass the stacked weights, e.g. w13_EFD");
+  std::vector<Tensor> groups;
+  groups.reserve(size_t(w_GNK.size(0)));
+  for (int64_t g = 0; g < w_GNK.size(0); ++g) groups.push_back(w_GNK.select(g));
+  pack(std::move(groups), w_GNK.dtype(), use, glu);
+}
+
+void PackedWeights::pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu glu) {
+  const char* op = "PackedWeights::pack";
+  TIERMOE_CHECK(!w_G_NK.empty() && (dt == DType::f32 || dt == DType::bf16),
+                str_of(op, ": needs at least one weight and products in f32 or bf16, got ",
+                       w_G_NK.size(), " weights in ", dtype_name(dt)),
+                op, "pass one [N, K] weight per group");
+  const int64_t G = int64_t(w_G_NK.size());
+  const int64_t N = w_G_NK[0].defined() ? w_G_NK[0].size(0) : 0;
+  const int64_t K = w_G_NK[0].defined() && w_G_NK[0].dim() == 2 ? w_G_NK[0].size(1) : 0;
+  for (int64_t g = 0; g < G; ++g) {
+    const Tensor& w = w_G_NK[size_t(g)];
+    TIERMOE_CHECK(w.defined() && w.dim() == 2 && w.size(0) == N && w.size(1) == K &&
+                      (w.dtype() == dt || (dt == DType::f32 && w.dtype() == DType::bf16)),
+                  str_of(op, ": weight ", g, " must be [", N, ", ", K, "] ", dtype_name(dt),
+                         dt == DType::f32 ? " or bf16" : "", ", got ",
+                         w.defined() ? w.str() : std::string("undefined")),
+                  op,
+                  "every group's weight has the first one's shape, at the products' width or "
+                  "narrower (bf16 into f32)");
+  }
   const CpuIsa isa = cpu_isa();
-  const gemm::Microkernel& uk = kernel_for(isa, w_GNK.dtype(), op);
+  const gemm::Microkernel& uk = kernel_for(isa, dt, op);
   const PackLayout l = pack_layout(uk, N, K, use, glu);
   const Shape shape = storage_shape(G, l);
   if (!storage_.defined() || storage_.numel() < shape[0]) {
     storage_ = Tensor::empty(shape, DType::bf16, MemTag::weights);
   }
-  source_ = w_GNK;
+  sources_ = std::move(w_G_NK);
+  dtype_ = dt;
   isa_ = isa;
   use_ = use;
   glu_ = glu;
   G_ = G, N_ = N, K_ = K, packed_cols_ = l.cols, group_bytes_ = l.group_bytes();
-  const size_t es = dtype_size(w_GNK.dtype());
   char* dst = static_cast<char*>(storage_.raw());
   auto pack_panel = [&](int64_t t, int64_t k0, int64_t kc) {
     const int64_t g = t / l.panels, p = t % l.panels, j = p * uk.nr;
-    const char* w = static_cast<const char*>(w_GNK.raw()) + size_t(g * N * K) * es;
+    const Tensor& w_NK = sources_[size_t(g)];
+    const size_t es = dtype_size(w_NK.dtype());
+    const char* w = static_cast<const char*>(w_NK.raw());
     // Panel p's source columns: contiguous, `valid` of them from `first`.
     int64_t first = j, valid = std::min<int64_t>(uk.nr, l.Nb - j);
     if (l.regroup) {
@@ -129,7 +152,7 @@ void PackedWeights::pack(const Tensor& w_GNK, PackUse use, Glu glu) {
       first = (up ? blocks.F : 0) + b * blocks.h + c;
       valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
     }
-    const gemm::Mat src{w + size_t(first * l.cs) * es, l.rs, l.cs, w_GNK.dtype()};
+    const gemm::Mat src{w + size_t(first * l.cs) * es, l.rs, l.cs, w_NK.dtype()};
     gemm::pack_b(uk, src, 0, valid, k0, kc, l.Kb,
                  dst + g * l.group_bytes() + p * l.panel_bytes + gemm::b_panel_bytes(uk, k0));
   };
@@ -320,7 +343,7 @@ void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>
   detail::check_grouped_matmul(y_NO, x_NI, offset_G, w, bias_GO, score_N, skip_G);
   check_packed_for_this_isa(w, op);
   const int64_t O = w.use() == PackUse::backward_dx ? w.in_features() : w.out_features();
-  const DType dt = w.source().dtype();
+  const DType dt = w.dtype();
   const gemm::Microkernel& uk = kernel_for(w.isa(), dt, op);
   const StoreCall call{y_NO.raw(), O, bias_GO.defined() ? bias_GO.raw() : nullptr,
                        bias_GO.defined() && score_N.defined() ? &score_N : nullptr};
@@ -337,7 +360,7 @@ void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tenso
                                     skip_G);
   check_packed_for_this_isa(w13, op);
   const int64_t F = w13.out_features() / 2;
-  const DType dt = w13.source().dtype();
+  const DType dt = w13.dtype();
   const gemm::Microkernel& uk = kernel_for(w13.isa(), dt, op);
   GluCall call{h_N2F.raw(),
                a_NF.raw(),

@@ -1,6 +1,6 @@
 // The oracle of the grouped products: each group's rows through ref::matmul_*
-// on the stack the weights were packed from, then the bias, GLU and score one
-// step at a time in plain loops.
+// on the weight the group was packed from (widened to the products' dtype),
+// then the bias, GLU and score one step at a time in plain loops.
 #include "tiermoe/kernels/grouped_matmul.h"
 
 #include <algorithm>
@@ -15,6 +15,11 @@ namespace {
 
 bool runs(const std::vector<int64_t>& offset_G, std::span<const uint8_t> skip_G, int64_t g) {
   return (skip_G.empty() || !skip_G[size_t(g)]) && offset_G[size_t(g) + 1] > offset_G[size_t(g)];
+}
+
+Tensor weight_of(const PackedWeights& w, int64_t g) {
+  const Tensor& w_NK = w.source(g);
+  return w_NK.dtype() == w.dtype() ? w_NK : w_NK.to(w.dtype());
 }
 
 // y_MO = T(y + b) or T(y + s * b), per row.
@@ -59,12 +64,12 @@ void grouped_matmul(Tensor& y_NO, const Tensor& x_NI, const std::vector<int64_t>
                     std::span<const uint8_t> skip_G) {
   detail::check_grouped_matmul(y_NO, x_NI, offset_G, w, bias_GO, score_N, skip_G);
   const bool dx = w.use() == PackUse::backward_dx;
-  const DType dt = w.source().dtype();
+  const DType dt = w.dtype();
   for (int64_t g = 0; g < w.groups(); ++g) {
     if (!runs(offset_G, skip_G, g)) continue;
     const int64_t b = offset_G[size_t(g)], e = offset_G[size_t(g) + 1];
     Tensor y = y_NO.rows(b, e);
-    const Tensor x = x_NI.rows(b, e), w_g = w.source().select(g);
+    const Tensor x = x_NI.rows(b, e), w_g = weight_of(w, g);
     if (dx) {
       matmul_backward_dx(y, x, w_g);
     } else {
@@ -87,12 +92,12 @@ void grouped_glu_forward(Tensor& h_N2F, Tensor& a_NF, Tensor& as_NF, const Tenso
   detail::check_grouped_glu_forward(h_N2F, a_NF, as_NF, x_ND, offset_G, w13, b13_G2F, score_N,
                                     skip_G);
   const int64_t F = w13.out_features() / 2;
-  const DType dt = w13.source().dtype();
+  const DType dt = w13.dtype();
   for (int64_t g = 0; g < w13.groups(); ++g) {
     if (!runs(offset_G, skip_G, g)) continue;
     const int64_t b = offset_G[size_t(g)], e = offset_G[size_t(g) + 1];
     Tensor h = h_N2F.rows(b, e), a = a_NF.rows(b, e);
-    matmul_forward(h, x_ND.rows(b, e), w13.source().select(g));
+    matmul_forward(h, x_ND.rows(b, e), weight_of(w13, g));
     visit_dtype(dt, [&]<class T>() {
       if constexpr (!std::is_same_v<T, double>) {
         if (b13_G2F.defined()) add_bias(h, b13_G2F.data<T>() + g * 2 * F, Tensor(), b);
