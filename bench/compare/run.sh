@@ -9,9 +9,9 @@
 # its BF16 backward exists on AMX only).
 # Prints one table of tokens/s (fwd / lora = forward + dx / full = + dW).
 #
-# Makes its own venv (bench/compare/.venv: torch 2.x, from PyTorch's CPU index
-# or else PyPI, and kt-kernel 0.7.x from PyPI) on first use; not part of make
-# test. Needs build/tiermoe (or
+# Makes its own venv (bench/compare/venv.sh: torch 2.x, from PyTorch's CPU
+# index or else PyPI, and kt-kernel 0.7.x from PyPI) on first use; not part
+# of make test. Needs build/tiermoe (or
 # TIERMOE=path).
 # Usage: bench/compare/run.sh [TOKENS] [THREADS] [ITERS]
 set -euo pipefail
@@ -23,27 +23,16 @@ iters=${3:-2}
 tiermoe="${TIERMOE:-$root/build/tiermoe}"
 [ -x "$tiermoe" ] || { echo "error: $tiermoe not built (make build)" >&2; exit 1; }
 
-venv="$here/.venv"
-if [ ! -x "$venv/bin/python" ]; then
-  # System packages stay visible: where PyTorch's CPU wheel index cannot be
-  # reached, Debian's python3-torch is the fallback (the table names the
-  # torch version that ran).
-  python3 -m venv --system-site-packages "$venv"
-  "$venv/bin/pip" install --quiet --upgrade pip || true
-  "$venv/bin/pip" install --quiet --index-url "${TORCH_INDEX:-https://download.pytorch.org/whl/cpu}" \
-    'torch>=2,<3' ||
-    { echo "PyTorch's CPU index unreachable; installing PyPI's torch 2.x (with its CUDA" \
-        "libraries, about 5 GB)" >&2
-      "$venv/bin/pip" install --quiet 'torch>=2,<3'; } ||
-    echo "torch 2.x did not install; using the system torch if there is one" >&2
-  # kt-kernel's wheel carries AMX, AVX-512 and AVX2 variants and loads the one
-  # this CPU runs. Installed without its pinned torch (kt_kernel_ext does not
-  # link torch, and the pin would pull in a second CUDA torch); what its
-  # import needs besides torch is numpy, safetensors and gguf.
+source "$here/venv.sh"
+compare_venv
+# kt-kernel's wheel carries AMX, AVX-512 and AVX2 variants and loads the one
+# this CPU runs. Installed without its pinned torch (kt_kernel_ext does not
+# link torch, and the pin would pull in a second CUDA torch); what its import
+# needs besides torch is numpy, safetensors and gguf.
+if ! "$py" -c 'import kt_kernel' 2>/dev/null; then
   "$venv/bin/pip" install --quiet --no-deps 'kt-kernel>=0.7,<0.8' &&
     "$venv/bin/pip" install --quiet numpy safetensors gguf || echo "kt-kernel did not install" >&2
 fi
-py="$venv/bin/python"
 # The PyTorch baseline: the venv's torch, else the system python's (Debian's
 # python3-torch), named in the table.
 torch_py="$py"

@@ -192,6 +192,7 @@ void add_bench_command(CLI::App& app) {
                 "One GEMM per expert instead of the grouped expert kernels (the baseline)");
   moe->callback([o] { run_bench_moe_layer(*o); });
   add_bench_expert_kernels(bench);
+  add_bench_peak(bench);
 }
 
 }  // namespace tiermoe::cli

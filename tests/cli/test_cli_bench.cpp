@@ -1,4 +1,4 @@
-// tiermoe bench moe-layer as a user runs it: the JSON contract (docs/architecture.md),
+// tiermoe bench moe-layer and bench peak as a user runs them: the JSON contract (docs/architecture.md),
 // the remat report it prints, and clear errors for bad flags.
 #include <gtest/gtest.h>
 
@@ -47,6 +47,22 @@ TEST_F(Cli, BenchMoeLayerRejectsBadFlags) {
   EXPECT_TRUE(contains(r.err, "fwd, lora")) << r.err;
   r = run({"bench", "moe-layer", "--preset", "tiny", "--dtype", "f64"});
   EXPECT_EQ(r.rc, 1);
+}
+
+// bench peak: both dtypes' peaks on the process's ISA, the bf16 one at least
+// the f32 one (a bf16 product runs on the f32 FMAs where nothing faster
+// exists); the thread count is bounded.
+TEST_F(Cli, BenchPeakJsonNamesIsaThreadsAndBothPeaks) {
+  RunResult r = run({"bench", "peak", "--threads", "1", "--seconds", "0.05", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  nlohmann::json j = last_json_line(r.out);
+  EXPECT_EQ(j["threads"], 1);
+  EXPECT_FALSE(j["isa"].get<std::string>().empty());
+  EXPECT_GT(j["f32_flops"].get<double>(), 1e8);
+  EXPECT_GE(j["bf16_flops"].get<double>(), 0.5 * j["f32_flops"].get<double>());
+  r = run({"bench", "peak", "--threads", "100000"});
+  EXPECT_EQ(r.rc, 2);  // a flag out of its range, as CLI11 reports it
+  EXPECT_TRUE(contains(r.err, "--threads")) << r.err;
 }
 
 }  // namespace
