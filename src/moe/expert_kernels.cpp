@@ -1,5 +1,6 @@
 #include "tiermoe/moe/expert_kernels.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "tiermoe/core/bounds.h"
@@ -53,7 +54,11 @@ bool ExpertPacks::fits_host_memory(const GroupedExperts& experts) {
     const ExpertsConfig& cfg = experts.config();
     const uint64_t stacks = uint64_t(cfg.num_experts) * uint64_t(3 * cfg.ffn * cfg.hidden) *
                             dtype_size(experts.dtype());
-    refused_ = !packs_fit(stacks, host_memory_available());
+    // MemAvailable counts a mapped checkpoint's resident pages as free to
+    // reclaim, but the run reads them every step: they are not the packs'.
+    const uint64_t available = host_memory_available();
+    const uint64_t mapped = MemoryTracker::process().live(MemTag::mapped);
+    refused_ = !packs_fit(stacks, available - std::min(available, mapped));
     checked_ = true;
   }
   return !refused_;

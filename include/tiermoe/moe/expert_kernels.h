@@ -58,7 +58,8 @@ class ExpertPacks {
   bool enabled() const { return enabled_; }
   // The packed copies hold about twice the experts' weight bytes (a forward
   // and a dx layout of each stack) beside the weights. Before the first pack
-  // they must fit in half the host memory available then; otherwise these
+  // they must fit in half the host memory available then, less the mapped
+  // checkpoint bytes the run reads (MemTag::mapped); otherwise these
   // experts stay on one GEMM per expert for good (same bits, slower), rather
   // than a frozen model far larger than its grouped speed-up is worth running
   // the host out of memory. Decided once; `pack_refused()` says it was no.
