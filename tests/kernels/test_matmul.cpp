@@ -89,8 +89,12 @@ TEST_P(MatmulDtypes, ForwardAndDxRowsIndependentOfRowCount) {
   const int64_t rows = 160;
   const int64_t ranges[][2] = {{0, 1},   {0, 5},    {3, 8},   {0, 64},
                                {0, 100}, {17, 117}, {0, 128}, {100, 160}};
-  // (N, K): Qwen3-30B-A3B's W13 [2F, D] and W2 [D, F], then an odd small one.
-  std::vector<std::pair<int64_t, int64_t>> weights = {{1536, 2048}, {2048, 768}, {100, 17}};
+  // (N, K): Qwen3-30B-A3B's W13 [2F, D] and W2 [D, F], an odd small one, and
+  // one like an LM head's, too large for the driver to pack once for all
+  // rows (over 32 MB: products of more than one block of rows take tall
+  // blocks instead, gemm/driver.h).
+  std::vector<std::pair<int64_t, int64_t>> weights = {
+      {1536, 2048}, {2048, 768}, {100, 17}, {8400 + 5, 2048}};
   if (in == DType::f64) {
     weights = {{96, 200}, {100, 17}};  // the f64 GEMM is slow, and exact by construction
   }
@@ -146,7 +150,10 @@ TEST_P(MatmulDtypes, DwUnchangedByZeroRows) {
 TEST_P(MatmulDtypes, ResultsIndependentOfThreadCount) {
   auto [in, out_dt] = GetParam();
   Rng rng(17);
-  const int64_t shapes[][3] = {{1, 1536, 2048}, {40, 2048, 768}, {128, 100, 17}};
+  // The last: B over 32 MB, so tall blocks of rows; its dx's K is too long
+  // to keep A, so one thread takes both column blocks through K together
+  // (gemm/driver.h) where three take one block each.
+  const int64_t shapes[][3] = {{1, 1536, 2048}, {40, 2048, 768}, {128, 100, 17}, {200, 40000, 450}};
   for (auto [M, N, K] : shapes) {
     if (in == DType::f64 && N * K > 100000) continue;  // exact by construction, and slow
     for (Op op : {Op::forward, Op::dx, Op::dw}) {

@@ -52,54 +52,71 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
   const int64_t mr = uk.mr, nr = uk.nr, nc = block_cols(uk);
   const int64_t Kp = round_up(p.K, uk.k_step);
   const int64_t m_panels = ceil_div(rows, mr);
-  Scratch& s = scratch();
-  float* acc = static_cast<float*>(s.acc.get(block_rows(uk) * nc * 4));
-  if (Kp == 0) std::memset(acc, 0, size_t(block_rows(uk) * nc * 4));
+  // Buffers for a whole block (or the tall block that asked), so they grow
+  // once per thread and dtype.
+  const int64_t buffer_rows = std::max(block_rows(uk), round_up(rows, mr));
   const int64_t a_bytes = a_panel_bytes(uk, kKc), b_bytes = b_panel_bytes(uk, kKc);
   // The rows' A panels for every kc step, kept across the column blocks so
   // A is packed once per call, not once per block of nc columns (up to a
-  // cap; past it each column block packs its steps again).
-  const int64_t a_step_bytes = block_rows(uk) / mr * a_bytes;
+  // cap). Past it (a long K: the LM head's dx) the column blocks go through
+  // K together, a group of them at a time with all their sums in flight (up
+  // to kAccCap bytes), so each step of A is packed once per group.
+  const int64_t a_step_bytes = buffer_rows / mr * a_bytes;
   const int64_t k_steps = ceil_div(Kp, kKc);
   const bool keep_a = cols > nc && k_steps * a_step_bytes <= kKeepACap;
+  const int64_t acc_floats = buffer_rows * nc;  // one column block's sums
+  const int64_t group =
+      keep_a ? 1 : std::clamp<int64_t>(kAccCap / (4 * acc_floats), 1, ceil_div(cols, nc));
+  Scratch& s = scratch();
+  float* acc = static_cast<float*>(s.acc.get(group * acc_floats * 4));
+  if (Kp == 0) std::memset(acc, 0, size_t(group * acc_floats * 4));
   char* a_pack = static_cast<char*>(s.a.get((keep_a ? k_steps : 1) * a_step_bytes));
   char* b_pack = p.b_packed ? nullptr : static_cast<char*>(s.b.get(nc / nr * b_bytes));
   const int64_t b_full = b_panel_bytes(uk, Kp);
-  for (int64_t jb = j0; jb < j0 + cols; jb += nc) {
-    const int64_t bcols = std::min(nc, j0 + cols - jb), n_panels = ceil_div(bcols, nr);
+  for (int64_t jg = j0; jg < j0 + cols; jg += group * nc) {
+    const int64_t gcols = std::min(group * nc, j0 + cols - jg);
     for (int64_t k0 = 0; k0 < Kp; k0 += kKc) {
       const int64_t kc = std::min(kKc, Kp - k0);
       char* a_step = a_pack + (keep_a ? k0 / kKc * a_step_bytes : 0);
-      if (!keep_a || jb == j0) {
+      if (!keep_a || jg == j0) {
         for (int64_t ip = 0; ip < m_panels; ++ip) {
           pack_a(uk, p.a, i0 + ip * mr, std::min(mr, rows - ip * mr), k0, kc, p.K,
                  a_step + ip * a_bytes);
         }
       }
-      for (int64_t jp = 0; jp < n_panels; ++jp) {
-        const int64_t j = jb + jp * nr;
-        const void* b_panel;
-        if (p.b_packed) {
-          b_panel =
-              static_cast<const char*>(p.b_packed) + (j / nr) * b_full + b_panel_bytes(uk, k0);
-        } else {
-          pack_b(uk, p.b, j, std::min(nr, jb + bcols - j), k0, kc, p.K, b_pack + jp * b_bytes);
-          b_panel = b_pack + jp * b_bytes;
-        }
-        // The B panel stays in L1 while the block's A panels stream past it.
-        for (int64_t ip = 0; ip < m_panels; ++ip) {
-          uk.run(kc, a_step + ip * a_bytes, b_panel, acc + ip * mr * nc + jp * nr, nc, k0 > 0);
+      for (int64_t jb = jg; jb < jg + gcols; jb += nc) {
+        const int64_t bcols = std::min(nc, jg + gcols - jb), n_panels = ceil_div(bcols, nr);
+        float* acc_b = acc + (jb - jg) / nc * acc_floats;
+        for (int64_t jp = 0; jp < n_panels; ++jp) {
+          const int64_t j = jb + jp * nr;
+          const void* b_panel;
+          if (p.b_packed) {
+            b_panel =
+                static_cast<const char*>(p.b_packed) + (j / nr) * b_full + b_panel_bytes(uk, k0);
+          } else {
+            pack_b(uk, p.b, j, std::min(nr, jb + bcols - j), k0, kc, p.K, b_pack + jp * b_bytes);
+            b_panel = b_pack + jp * b_bytes;
+          }
+          // The B panel stays in L1 while the block's A panels stream past it.
+          for (int64_t ip = 0; ip < m_panels; ++ip) {
+            uk.run(kc, a_step + ip * a_bytes, b_panel, acc_b + ip * mr * nc + jp * nr, nc, k0 > 0);
+          }
         }
       }
     }
-    ep.fn(ep.ctx, i0, jb, rows, bcols, acc, nc);
+    for (int64_t jb = jg; jb < jg + gcols; jb += nc) {
+      ep.fn(ep.ctx, i0, jb, rows, std::min(nc, jg + gcols - jb), acc + (jb - jg) / nc * acc_floats,
+            nc);
+    }
   }
 }
 
-int64_t column_chunk(const Microkernel& uk, int64_t N, int64_t row_blocks, int threads) {
+int64_t column_chunk(const Microkernel& uk, int64_t N, int64_t row_blocks, int threads,
+                     int tasks_per_thread) {
   const int64_t nc = block_cols(uk), n_blocks = ceil_div(N, nc);
-  // Enough tasks for every thread to get about four, else whole rows.
-  const int64_t want = 4 * int64_t(threads);
+  // Enough tasks for every thread to get about tasks_per_thread, else whole
+  // rows.
+  const int64_t want = int64_t(tasks_per_thread) * int64_t(threads);
   const int64_t chunks =
       std::clamp<int64_t>(ceil_div(want, std::max<int64_t>(1, row_blocks)), 1, n_blocks);
   return ceil_div(n_blocks, chunks) * nc;
@@ -135,6 +152,7 @@ void store_block(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t 
 int64_t scratch_growths() { return g_growths.load(std::memory_order_relaxed); }
 
 int64_t block_rows(const Microkernel& uk) { return round_up(96, uk.mr); }
+int64_t tall_rows(const Microkernel& uk) { return round_up(960, block_rows(uk)); }
 int64_t block_cols(const Microkernel& uk) { return round_up(256, uk.nr); }
 
 Epilogue store_epilogue(const StoreC& s) { return Epilogue{store_block, &s}; }
@@ -157,10 +175,22 @@ void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
       return;
     }
   }
+  // Past that cap (the LM head: B is the [V, D] weight), a task takes tall
+  // blocks of rows instead, up to kTallRows, so each B panel it packs serves
+  // all of them: B is packed once per tall block instead of once per block
+  // of mc rows. Every C element still sums its K in the same kc steps
+  // through the same microkernel, so the bits are those of mc-row blocks.
+  const int64_t rows_per_task =
+      !p.b_packed && p.M > mc ? std::min(round_up(p.M, uk.mr), tall_rows(uk)) : mc;
   // A task is a block of rows times a run of column blocks (column_chunk),
   // so a block's A is packed once for the whole run.
-  const int64_t m_blocks = ceil_div(p.M, mc);
-  const int64_t chunk = column_chunk(uk, p.N, m_blocks, num_threads());
+  const int64_t m_blocks = ceil_div(p.M, rows_per_task);
+  // Tall blocks over a K too long to keep their A (the LM head's dx) pack
+  // each step of A once per task for all its columns: one task per thread.
+  const int64_t a_over_k = ceil_div(rows_per_task, uk.mr) * a_panel_bytes(uk, kKc) *
+                           ceil_div(round_up(p.K, uk.k_step), kKc);
+  const bool long_k = rows_per_task > mc && a_over_k > kKeepACap;
+  const int64_t chunk = column_chunk(uk, p.N, m_blocks, num_threads(), long_k ? 1 : 4);
   const int64_t n_chunks = ceil_div(p.N, chunk);
   // Threads take contiguous runs of tasks; ordering them along the larger of
   // A and B gives each thread a share of it to stream.
@@ -170,8 +200,8 @@ void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t mb = n_major ? t % m_blocks : t / n_chunks;
       const int64_t nb = n_major ? t / m_blocks : t % n_chunks;
-      const int64_t i0 = mb * mc, j0 = nb * chunk;
-      run_block(uk, p, ep, i0, std::min(mc, p.M - i0), j0, std::min(chunk, p.N - j0));
+      const int64_t i0 = mb * rows_per_task, j0 = nb * chunk;
+      run_block(uk, p, ep, i0, std::min(rows_per_task, p.M - i0), j0, std::min(chunk, p.N - j0));
     }
     if (uk.thread_end) uk.thread_end();
   });

@@ -40,7 +40,7 @@ Epilogue store_epilogue(const StoreC& s);
 void run(const Microkernel& uk, const Problem& p, const Epilogue& ep);
 
 // Rows [i0, i0 + rows) x columns [j0, j0 + cols) of C on this thread, with
-// rows <= block_rows(uk) and j0 a multiple of block_cols(uk): each block of
+// rows <= tall_rows(uk) and j0 a multiple of block_cols(uk): each block of
 // block_cols(uk) columns handed to ep when finished, A packed once for all
 // of them (while its panels over K fit kKeepACap). run() is a parallel loop
 // over these; grouped products (kernels/grouped_matmul.h) schedule their
@@ -49,9 +49,10 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
                int64_t rows, int64_t j0, int64_t cols);
 // How many columns (a multiple of block_cols(uk)) one task of a product
 // with N columns and `row_blocks` blocks of rows should take, so that
-// `threads` threads get about four tasks each: all of N when the rows alone
-// give that many.
-int64_t column_chunk(const Microkernel& uk, int64_t N, int64_t row_blocks, int threads);
+// `threads` threads get about `tasks_per_thread` tasks each: all of N when
+// the rows alone give that many.
+int64_t column_chunk(const Microkernel& uk, int64_t N, int64_t row_blocks, int threads,
+                     int tasks_per_thread = 4);
 
 // How many times any thread's GEMM scratch has grown (an allocation), so tests
 // can hold that warmed-up launches allocate nothing.
@@ -61,8 +62,12 @@ int64_t scratch_growths();
 // mc x nc, K runs in kc steps.
 int64_t block_rows(const Microkernel& uk);  // mc, a multiple of mr
 int64_t block_cols(const Microkernel& uk);  // nc, a multiple of nr
+// The rows one task takes when B is too large to pack once for all of them
+// (a multiple of mc): its f32 sums, tall_rows x nc, stay about 1 MB (L2).
+int64_t tall_rows(const Microkernel& uk);
 constexpr int64_t kKc = 256;                // a multiple of every k_step
-constexpr int64_t kKeepACap = int64_t(2) << 20;  // bytes of one block's packed A kept
+constexpr int64_t kKeepACap = int64_t(8) << 20;  // bytes of one block's packed A kept
+constexpr int64_t kAccCap = int64_t(4) << 20;    // bytes of f32 sums one task keeps in flight
 
 // B (K x N) prepacked for uk: ceil(N / nr) panels over round_up(K, k_step),
 // each b_panel_bytes(uk, Kp) at panel * that.
