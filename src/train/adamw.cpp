@@ -29,8 +29,12 @@ AdamWCoefs<T> adamw_coefs(const AdamWOptions& o, double lr, double weight_decay,
 }
 
 // The order of operations is torch's; see adamw.h before changing any of it.
+// With `working` (a bf16 parameter's working copy) the new master value is
+// rounded into it in the same pass, as Parameter::refresh_working would in a
+// second one (the step is bound by memory traffic).
 template <class T>
-void adamw_update(T* p, T* m, T* v, const T* g, int64_t n, const AdamWCoefs<T>& c) {
+void adamw_update(T* p, T* m, T* v, const T* g, int64_t n, const AdamWCoefs<T>& c,
+                  bf16* working) {
   bool decay = c.decay != T(1);
   parallel_for(n, kGrain, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
@@ -41,6 +45,11 @@ void adamw_update(T* p, T* m, T* v, const T* g, int64_t n, const AdamWCoefs<T>& 
       p[i] = pi + c.neg_step_size * mi / denom;
       m[i] = mi;
       v[i] = vi;
+    }
+    if constexpr (std::is_same_v<T, float>) {
+      if (working) {
+        for (int64_t i = begin; i < end; ++i) working[i] = float_to_bf16(p[i]);
+      }
     }
   });
 }
@@ -77,10 +86,10 @@ void AdamW::step(double lr) {
         TIERMOE_ASSERT(false, "bf16 master for ", p.name);
       } else {
         adamw_update<T>(p.master.data<T>(), exp_avg_[i].data<T>(), exp_avg_sq_[i].data<T>(),
-                        p.grad.data<T>(), p.numel(), adamw_coefs<T>(options_, lr, weight_decay, step));
+                        p.grad.data<T>(), p.numel(), adamw_coefs<T>(options_, lr, weight_decay, step),
+                        p.has_separate_master() ? p.value.data<bf16>() : nullptr);
       }
     });
-    p.refresh_working();
   }
 }
 
