@@ -122,6 +122,13 @@ Outputs per_expert_run(GroupedExperts& ex, const Tensor& x, const Tensor& dy, co
   return r;
 }
 
+// Router scores in [0.05, 1), f32, for absorbed runs.
+Tensor random_scores(int64_t N, Rng& rng) {
+  Tensor score = Tensor::empty({N}, DType::f32);
+  for (int64_t n = 0; n < N; ++n) score.set(n, rng.uniform(0.05, 1.0));
+  return score;
+}
+
 void expect_same(const Outputs& got, const Outputs& want, const std::vector<std::string>& names,
                  const std::string& what) {
   EXPECT_TRUE(bitwise_equal(got.y, want.y, what + " y"));
@@ -143,11 +150,7 @@ TEST_P(ExpertKernels, EqualPerExpertPathBitwise) {
   ASSERT_TRUE(ExpertPacks::applies(ex));
   const int64_t N = offsets().back();
   const Tensor x = random_tensor({N, kD}, dt, rng), dy = random_tensor({N, kD}, dt, rng);
-  Tensor score;
-  if (absorbed) {
-    score = Tensor::empty({N}, DType::f32);
-    for (int64_t n = 0; n < N; ++n) score.set(n, rng.uniform(0.05, 1.0));
-  }
+  const Tensor score = absorbed ? random_scores(N, rng) : Tensor();
   for (bool weight_grads : {true, false}) {
     const Outputs got = host_run(ex, x, dy, score, weight_grads);
     EXPECT_EQ(ex.packs().stats().packs, 4) << "the grouped kernels did not run, or re-packed";
@@ -182,11 +185,7 @@ TEST_P(ExpertKernels, BoundPerExpertAndNarrowerWeightsEqualPerExpertPath) {
   ASSERT_TRUE(ExpertPacks::applies(ex)) << "bound or narrower weights left the grouped kernels";
   const int64_t N = offsets().back();
   const Tensor x = random_tensor({N, kD}, dt, rng), dy = random_tensor({N, kD}, dt, rng);
-  Tensor score;
-  if (absorbed) {
-    score = Tensor::empty({N}, DType::f32);
-    for (int64_t n = 0; n < N; ++n) score.set(n, rng.uniform(0.05, 1.0));
-  }
+  const Tensor score = absorbed ? random_scores(N, rng) : Tensor();
   const Outputs got = host_run(ex, x, dy, score, false);
   EXPECT_EQ(ex.packs().stats().packs, 4) << "the grouped kernels did not run";
   const Outputs want = per_expert_run(ex, x, dy, score, false);
