@@ -23,12 +23,6 @@ std::vector<Tensor> expert_weights(const GroupedExperts& experts, bool w13) {
   return w;
 }
 
-// Whether the grouped products read weights of dtype `stored` in a run of
-// `dt`: as they are, or widened while packing (bf16 into f32).
-bool packs_from(DType stored, DType dt) {
-  return stored == dt || (dt == DType::f32 && stored == DType::bf16);
-}
-
 }  // namespace
 
 bool ExpertPacks::applies(const GroupedExperts& experts) {
@@ -39,8 +33,8 @@ bool ExpertPacks::applies(const GroupedExperts& experts) {
     return false;
   }
   const ExpertWeights w = experts.weights(0);
-  return w.w13_FD.defined() && w.w2_DF.defined() && packs_from(w.w13_FD.dtype(), dt) &&
-         packs_from(w.w2_DF.dtype(), dt) && experts.packs().fits_host_memory(experts);
+  return w.w13_FD.defined() && w.w2_DF.defined() && PackedWeights::reads(w.w13_FD.dtype(), dt) &&
+         PackedWeights::reads(w.w2_DF.dtype(), dt) && experts.packs().fits_host_memory(experts);
 }
 
 bool ExpertPacks::computes_in(DType dt) {

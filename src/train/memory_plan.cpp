@@ -195,8 +195,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // applies at its first pack to the memory left then (here: what is
   // available now, less the plan's own bytes so far and the layers packed
   // before it).
-  const bool packable =
-      !keep_stored || stored->dtype == dt || (dt == DType::f32 && stored->dtype == DType::bf16);
+  const bool packable = !keep_stored || PackedWeights::reads(stored->dtype, dt);
   const bool grouped =
       lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && packable;
   int64_t packed_layers = 0;

@@ -321,6 +321,8 @@ TEST(GroupedMatmul, RejectsBadArguments) {
   EXPECT_THROW(p.pack({w.select(0), x}, DType::f32, PackUse::forward), Error);
   EXPECT_THROW(p.pack({w.select(0), w.select(1)}, DType::bf16, PackUse::forward), Error);
   EXPECT_THROW(p.pack({}, DType::f32, PackUse::forward), Error);
+  EXPECT_THROW(p.pack(random_tensor({2, 5, 4}, DType::f32, rng), PackUse::forward_glu), Error)
+      << "a GLU weight with an odd output count";
   p.pack({w.select(0), w_bf16.select(1)}, DType::f32, PackUse::forward);
   EXPECT_EQ(p.dtype(), DType::f32);
   p.pack(w, PackUse::forward);

@@ -64,6 +64,11 @@ class PackedWeights {
   // (a mapped bf16 checkpoint in an f32 run), widened while packing, so the
   // products are those of the widened weights.
   void pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu glu = {});
+  // Whether pack() takes weights stored as `stored` for products in dt: as
+  // they are, or widened while packing (bf16 into f32).
+  static bool reads(DType stored, DType dt) {
+    return stored == dt || (dt == DType::f32 && stored == DType::bf16);
+  }
   // The bytes pack() allocates for a [G, N, K] stack of dtype dt (f32 or
   // bf16) on the process's ISA, without packing (memory plans).
   static int64_t storage_bytes(int64_t G, int64_t N, int64_t K, DType dt, PackUse use,

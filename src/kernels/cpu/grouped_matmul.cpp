@@ -115,7 +115,7 @@ void PackedWeights::pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu 
   for (int64_t g = 0; g < G; ++g) {
     const Tensor& w = w_G_NK[size_t(g)];
     TIERMOE_CHECK(w.defined() && w.dim() == 2 && w.size(0) == N && w.size(1) == K &&
-                      (w.dtype() == dt || (dt == DType::f32 && w.dtype() == DType::bf16)),
+                      reads(w.dtype(), dt),
                   str_of(op, ": weight ", g, " must be [", N, ", ", K, "] ", dtype_name(dt),
                          dt == DType::f32 ? " or bf16" : "", ", got ",
                          w.defined() ? w.str() : std::string("undefined")),
@@ -123,6 +123,9 @@ void PackedWeights::pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu 
                   "every group's weight has the first one's shape, at the products' width or "
                   "narrower (bf16 into f32)");
   }
+  TIERMOE_CHECK(use != PackUse::forward_glu || N % 2 == 0,
+                str_of(op, ": a GLU weight needs an even output count, got ", N), op,
+                "W13 stacks gate and up rows: [G, 2F, D]");
   const CpuIsa isa = cpu_isa();
   const gemm::Microkernel& uk = kernel_for(isa, dt, op);
   const PackLayout l = pack_layout(uk, N, K, use, glu);

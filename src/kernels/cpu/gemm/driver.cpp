@@ -176,7 +176,7 @@ void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
     }
   }
   // Past that cap (the LM head: B is the [V, D] weight), a task takes tall
-  // blocks of rows instead, up to kTallRows, so each B panel it packs serves
+  // blocks of rows instead, up to tall_rows(uk), so each B panel it packs serves
   // all of them: B is packed once per tall block instead of once per block
   // of mc rows. Every C element still sums its K in the same kc steps
   // through the same microkernel, so the bits are those of mc-row blocks.
