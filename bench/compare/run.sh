@@ -46,16 +46,7 @@ trap 'rm -rf "$log"' EXIT
 # Whether the CPU has bf16 arithmetic (AMX or AVX-512 BF16).
 bf16_cpu=false
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16_cpu=true; fi
-# run NAME CMD...: the last line CMD prints (its JSON) into $log/NAME, or
-# {"error": its stderr's "error:" line (else its last line)}.
-run() {
-  local name=$1
-  shift
-  echo "== $name" >&2
-  "$@" 2>"$log/err" | tail -n 1 >"$log/$name" ||
-    echo "{\"error\": \"$({ grep -m 1 'error' "$log/err" || tail -n 1 "$log/err"; } | tr '"\\' "''")\"}" \
-      >"$log/$name"
-}
+run() { compare_run "$log" "$@"; }
 echo "uptime: $(uptime)" >&2
 for mode in fwd lora full; do
   common=(--preset qwen3-30b-a3b --tokens "$tokens" --dtype bf16 --mode "$mode" --threads "$threads"
@@ -68,7 +59,7 @@ for mode in fwd lora full; do
   if [ "$mode" != fwd ] && [ "${TORCH_BF16:-}" != all ] && ! $bf16_cpu; then
     # Measured on a 2-core AVX2 machine: over 5 minutes per LoRA iteration.
     echo "{\"not_run\": \"PyTorch's bf16 backward on a CPU without bf16 arithmetic takes minutes an iteration (TORCH_BF16=all runs it)\"}" \
-      >"$log/torch_$mode"
+      >"$log/torch_$mode.json"
   else
     run "torch_$mode" "$torch_py" "$root/scripts/bench/torch_moe_layer.py" --dtype bf16 \
       "${torch_args[@]}"

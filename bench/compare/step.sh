@@ -42,16 +42,7 @@ rm -rf "$log" && mkdir -p "$log"
 bf16_cpu=false
 if grep -qwE 'amx_bf16|avx512_bf16' /proc/cpuinfo; then bf16_cpu=true; fi
 
-# run NAME CMD...: the last line CMD prints (its JSON) into $log/NAME.json,
-# stderr into $log/NAME.err, or {"error": ...} when it fails.
-run() {
-  local name=$1
-  shift
-  echo "== $name" >&2
-  "$@" 2>"$log/$name.err" | tail -n 1 >"$log/$name.json" ||
-    echo "{\"error\": \"$({ grep -m 1 'error' "$log/$name.err" || tail -n 1 "$log/$name.err"; } |
-      tr '"\\' "''")\"}" >"$log/$name.json"
-}
+run() { compare_run "$log" "$@"; }
 
 echo "uptime: $(uptime)" >&2
 for V in "${vocabs[@]}"; do

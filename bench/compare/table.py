@@ -33,10 +33,10 @@ notes = []
 base = {}
 for key, name in systems:
     row = []
-    if not any(os.path.exists(os.path.join(log, f"{key}_{m}")) for m in modes):
+    if not any(os.path.exists(os.path.join(log, f"{key}_{m}.json")) for m in modes):
         continue
     for m in modes:
-        text, v = cell(os.path.join(log, f"{key}_{m}"))
+        text, v = cell(os.path.join(log, f"{key}_{m}.json"))
         text = text or "not run"
         if isinstance(v, float):
             base.setdefault(m, {})[key] = v
@@ -51,7 +51,7 @@ for m in modes:
         print(f"TierMoE / others, {m}: {ratios}")
 for m in modes:
     try:
-        with open(os.path.join(log, f"tiermoe_{m}")) as f:
+        with open(os.path.join(log, f"tiermoe_{m}.json")) as f:
             j = json.loads(f.read().strip().splitlines()[-1])
         print(f"TierMoE {m}: weight packing {j['packs']} stacks in {j['pack_s']:.2f} s over the run "
               f"({j['pack_bytes'] / 1e6:,.0f} MB held)")

@@ -5,6 +5,11 @@
 #   compare_venv            torch 2.x (PyTorch's CPU index, else PyPI's CUDA
 #                           wheel: about 5 GB with its libraries)
 #   compare_venv_hf         and transformers 5 with PEFT 0.x (whole steps)
+#   compare_run LOG NAME CMD...
+#                           runs CMD: the last line it prints (its JSON) into
+#                           LOG/NAME.json, its stderr into LOG/NAME.err, or
+#                           {"error": its first "error" line (else its last
+#                           line)} when it fails
 compare_venv() {
   local here
   here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -27,4 +32,12 @@ compare_venv_hf() {
   compare_venv
   "$py" -c 'import transformers, peft, numpy' 2>/dev/null ||
     "$venv/bin/pip" install --quiet 'transformers>=5,<6' 'peft>=0.17,<1' numpy safetensors
+}
+compare_run() {
+  local log=$1 name=$2
+  shift 2
+  echo "== $name" >&2
+  "$@" 2>"$log/$name.err" | tail -n 1 >"$log/$name.json" ||
+    echo "{\"error\": \"$({ grep -m 1 'error' "$log/$name.err" || tail -n 1 "$log/$name.err"; } |
+      tr '"\\' "''")\"}" >"$log/$name.json"
 }
