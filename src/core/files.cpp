@@ -4,10 +4,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "tiermoe/core/error.h"
 
@@ -55,23 +55,123 @@ int open_regular_file(const std::string& path, const std::string& what, const st
   return fd;
 }
 
+namespace {
+
+std::string errno_text() { return std::strerror(errno); }
+
+// What stands at `path` now: 0 when nothing does.
+mode_t mode_at(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_mode : 0;
+}
+
+// Opens the file an output's bytes go to: a character device in place
+// (tmp empty), else a new temporary beside `path`, named so that no
+// concurrent writer in this or another process can pick it.
+int open_output(const std::string& path, std::string& tmp) {
+  const mode_t mode = mode_at(path);
+  tmp.clear();
+  if (S_ISCHR(mode)) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    TIERMOE_CHECK(fd >= 0, "cannot open for writing: " + errno_text(), path,
+                  "check the device's permissions");
+    return fd;
+  }
+  if (mode != 0 && !S_ISREG(mode)) {
+    throw Error(std::string("the output is ") + kind_of(mode) + ", not a file", path,
+                "give the path of a file to write (a directory's is DIR/NAME)");
+  }
+  static std::atomic<uint64_t> counter{0};
+  int fd = -1;
+  for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
+    tmp = path + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+    fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0 && errno != EEXIST) break;
+  }
+  TIERMOE_CHECK(fd >= 0, "cannot create " + tmp + ": " + errno_text(), path,
+                "check that the directory exists and is writable");
+  return fd;
+}
+
+// Renames the temporary over `path` (removing it when that fails) and makes
+// the rename durable.
+void replace_with(const std::string& tmp, const std::string& path) {
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const std::string why = errno_text();
+    ::unlink(tmp.c_str());
+    throw Error("cannot replace it: " + why, path, "check the directory permissions");
+  }
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
+  fd_ = open_output(path_, tmp_path_);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ < 0) return;
+  ::close(fd_);
+  if (!tmp_path_.empty()) ::unlink(tmp_path_.c_str());
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  TIERMOE_ASSERT(fd_ >= 0, "write after commit");
+  write_all(fd_, data, bytes, path_);
+}
+
+void AtomicFile::commit() {
+  TIERMOE_ASSERT(fd_ >= 0, "commit twice");
+  const int fd = fd_;
+  fd_ = -1;
+  if (tmp_path_.empty()) {
+    ::close(fd);
+    return;
+  }
+  const bool synced = ::fsync(fd) == 0;
+  const std::string why = errno_text();
+  if (!synced || ::close(fd) != 0) {
+    ::unlink(tmp_path_.c_str());
+    throw Error("cannot write " + tmp_path_ + ": " + (synced ? errno_text() : why), path_,
+                "check free disk space");
+  }
+  replace_with(tmp_path_, path_);
+}
+
 void write_file_atomic(const std::string& path, std::string_view bytes) {
-  const std::string tmp = path + ".tmp";
-  std::error_code ec;
-  try {
-    {
-      std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-      TIERMOE_CHECK(out.good(), "cannot open for writing", tmp,
-                    "check the directory exists and is writable");
-      out.write(bytes.data(), std::streamsize(bytes.size()));
-      out.flush();
-      TIERMOE_CHECK(out.good(), "write failed", tmp, "check free disk space");
+  AtomicFile file(path);
+  file.write(bytes.data(), bytes.size());
+  file.commit();
+}
+
+int create_replacing(const std::string& path) {
+  std::string tmp;
+  const int fd = open_output(path, tmp);
+  if (!tmp.empty()) {
+    try {
+      replace_with(tmp, path);
+    } catch (...) {
+      ::close(fd);
+      throw;
     }
-    std::filesystem::rename(tmp, path, ec);
-    TIERMOE_CHECK(!ec, "cannot rename " + tmp + ": " + ec.message(), path, "check permissions");
-  } catch (...) {
-    std::filesystem::remove(tmp, ec);
-    throw;
+  }
+  return fd;
+}
+
+void write_all(int fd, const void* data, size_t bytes, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    TIERMOE_CHECK(n > 0, "write failed: " + errno_text(), path, "check free disk space");
+    p += n;
+    bytes -= size_t(n);
   }
 }
 

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "safetensors_common.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 
 namespace tiermoe {
@@ -211,7 +212,7 @@ void save_checkpoint_index(const std::string& dir,
   nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
                           {"weight_map", weight_map}};
   std::string text = index.dump(2) + "\n";
-  detail::AtomicFile file((fs::path(dir) / kIndexFile).string());
+  AtomicFile file((fs::path(dir) / kIndexFile).string());
   file.write(text.data(), text.size());
   file.commit();
 }

@@ -9,6 +9,7 @@
 #include "peft_fused.h"
 #include "safetensors_common.h"
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 
 namespace tiermoe {
@@ -253,7 +254,7 @@ void save_peft_adapter(const std::string& dir, const PeftLoraConfig& config,
 
   const std::string config_path = (std::filesystem::path(dir) / kPeftConfigFile).string();
   std::string text = config_json(config).dump(2) + "\n";
-  detail::AtomicFile out(config_path);
+  AtomicFile out(config_path);
   out.write(text.data(), text.size());
   out.commit();
 }

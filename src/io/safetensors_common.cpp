@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <array>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -34,8 +33,6 @@ constexpr std::array<DtypeInfo, 22> kDtypes = {{
     {"U32", 32},        {"F32", 32},        {"C64", 64},        {"F64", 64},
     {"I64", 64},        {"U64", 64},
 }};
-
-std::string errno_text() { return std::strerror(errno); }
 
 }  // namespace
 
@@ -160,59 +157,6 @@ nlohmann::json parse_json_strict(std::string_view text, int max_depth, const std
   } catch (const json::exception& e) {
     throw Error(what + " is not valid JSON: " + e.what(), where,
                 "the file is corrupt or not in this format");
-  }
-}
-
-AtomicFile::AtomicFile(std::string path) : path_(std::move(path)) {
-  // A name no concurrent writer in this or another process can pick.
-  static std::atomic<uint64_t> counter{0};
-  for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-    tmp_path_ = path_ + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
-    fd_ = ::open(tmp_path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-    if (fd_ < 0 && errno != EEXIST) break;
-  }
-  TIERMOE_CHECK(fd_ >= 0, "cannot create " + tmp_path_ + ": " + errno_text(), path_,
-                "check that the directory exists and is writable");
-}
-
-AtomicFile::~AtomicFile() {
-  if (fd_ >= 0) {
-    ::close(fd_);
-    ::unlink(tmp_path_.c_str());
-  }
-}
-
-void AtomicFile::write(const void* data, size_t bytes) {
-  TIERMOE_ASSERT(fd_ >= 0, "write after commit");
-  const auto* p = static_cast<const char*>(data);
-  while (bytes > 0) {
-    ssize_t n = ::write(fd_, p, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    TIERMOE_CHECK(n > 0, "write to " + tmp_path_ + " failed: " + errno_text(), path_,
-                  "check free disk space");
-    p += n;
-    bytes -= size_t(n);
-  }
-}
-
-void AtomicFile::commit() {
-  TIERMOE_ASSERT(fd_ >= 0, "commit twice");
-  TIERMOE_CHECK(::fsync(fd_) == 0, "fsync of " + tmp_path_ + " failed: " + errno_text(), path_,
-                "check free disk space");
-  int fd = fd_;
-  fd_ = -1;
-  bool closed = ::close(fd) == 0;
-  if (!closed || ::rename(tmp_path_.c_str(), path_.c_str()) != 0) {
-    std::string why = errno_text();
-    ::unlink(tmp_path_.c_str());
-    throw Error("cannot replace " + path_ + ": " + why, path_, "check the directory permissions");
-  }
-  // The rename is durable only once the directory entry is on disk.
-  std::string dir = std::filesystem::path(path_).parent_path().string();
-  int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
   }
 }
 

@@ -1,7 +1,7 @@
 #pragma once
 // Helpers shared by the safetensors reader, writer and sharded index: the
-// dtype table, strict JSON parsing (UTF-8 checked, duplicate keys rejected),
-// and atomic file replacement. Private to src/io.
+// dtype table and strict JSON parsing (UTF-8 checked, duplicate keys
+// rejected). Private to src/io.
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -32,25 +32,6 @@ std::string printable(std::string_view s);
 // file; `what` names the document ("safetensors header", "index").
 nlohmann::json parse_json_strict(std::string_view text, int max_depth, const std::string& where,
                                  const std::string& what);
-
-// Writes a file next to `path` and renames it over `path` only on commit(),
-// after fsync, then fsyncs the directory; so `path` always holds either the
-// old or the complete new contents. The temporary is removed if the writer is
-// destroyed without commit() (an exception on the way).
-class AtomicFile {
- public:
-  explicit AtomicFile(std::string path);
-  ~AtomicFile();
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-
-  void write(const void* data, size_t bytes);
-  void commit();
-
- private:
-  std::string path_, tmp_path_;
-  int fd_ = -1;
-};
 
 // The whole contents of a (small) file; throws an Error naming `path`.
 std::string read_small_file(const std::string& path, uint64_t max_bytes);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "safetensors_common.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/io/safetensors.h"
 
 namespace tiermoe {
@@ -74,7 +75,7 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
                     std::to_string(detail::kMaxHeaderBytes) + "-byte limit",
                 path, "split the tensors over several files (save_checkpoint_tensors shards)");
 
-  detail::AtomicFile file(path);
+  AtomicFile file(path);
   uint64_t n = text.size();
   file.write(&n, sizeof n);
   file.write(text.data(), text.size());

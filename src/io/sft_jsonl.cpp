@@ -126,7 +126,7 @@ void write_sft_jsonl(const std::string& path, const std::vector<SftExample>& exa
     text += json{{"input_ids", ex.input_ids}, {"labels", ex.labels}}.dump();
     text += '\n';
   }
-  detail::AtomicFile f(path);
+  AtomicFile f(path);
   f.write(text.data(), text.size());
   f.commit();
 }

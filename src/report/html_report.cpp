@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/report/svg_chart.h"
 
 namespace tiermoe {
@@ -349,18 +350,7 @@ std::vector<std::string> report_chart_names(const ReportInputs& in) {
 }
 
 void write_report(const std::string& path, const std::string& html) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    TIERMOE_CHECK(out.good(), "cannot write the report", path, "check the directory of --out");
-    out << html;
-    out.flush();
-    TIERMOE_CHECK(out.good(), "cannot write the report", path, "check free disk space");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  TIERMOE_CHECK(!ec, "cannot move the report into place: " + ec.message(), path,
-                "check the directory of --out");
+  write_file_atomic(path, html);
 }
 
 }  // namespace tiermoe

@@ -1,12 +1,19 @@
 #include "tiermoe/train/metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <nlohmann/json.hpp>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 
 namespace tiermoe {
 
+using detail::str_of;
 using nlohmann::json;
 
 MemorySnapshot memory_snapshot(const MemoryTracker& tracker) {
@@ -121,17 +128,24 @@ json comm_run_json(const CommStats& run, Comm& comm, int64_t steps) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append, MetricsRunInfo run)
-    : path_(path), run_(run), out_(path, append ? std::ios::app : std::ios::trunc) {
-  TIERMOE_CHECK(out_.good(), "cannot open the metrics file", path, "check the path for --metrics");
+    : path_(path), run_(run) {
+  if (!append) {
+    fd_ = create_replacing(path);
+    return;
+  }
+  fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+  TIERMOE_CHECK(fd_ >= 0, str_of("cannot open the metrics file: ", std::strerror(errno)), path,
+                "check the path for --metrics");
 }
+
+MetricsWriter::~MetricsWriter() { ::close(fd_); }
 
 void MetricsWriter::write(const StepStats& s, const MemorySnapshot& memory) {
   json j = step_metrics_json(s, memory);
   if (run_.total_steps > 0) j["total_steps"] = run_.total_steps;
   if (run_.loss_floor) j["loss_floor"] = *run_.loss_floor;
-  out_ << j.dump() << "\n";
-  out_.flush();
-  TIERMOE_CHECK(out_.good(), "cannot write the metrics file", path_, "check free disk space");
+  const std::string line = j.dump() + "\n";
+  write_all(fd_, line.data(), line.size(), path_);
 }
 
 double median(std::vector<double> values) {

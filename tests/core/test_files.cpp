@@ -1,9 +1,13 @@
-// write_file_atomic (core/files.h): a small file is replaced whole or not at
-// all. A write that fails part way (here the file-size limit, EFBIG, the
-// failure a writer meets on a full disk) keeps the old file and leaves no
-// PATH.tmp behind.
+// AtomicFile and write_file_atomic (core/files.h): a file is replaced whole
+// or not at all. A write that fails part way (here the file-size limit,
+// EFBIG, the failure a writer meets on a full disk) keeps the old file and
+// leaves no temporary behind; a user's PATH.tmp is never touched; a mapped
+// file is replaced, not truncated under its reader; a directory target is
+// an error that leaves nothing; /dev/null is written in place.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -11,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <set>
 #include <string>
 
 #include "tiermoe/core/error.h"
@@ -34,6 +39,11 @@ class WriteFileAtomic : public ::testing::Test {
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
+  std::set<std::string> entries() const {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir_)) names.insert(e.path().filename().string());
+    return names;
+  }
   fs::path dir_;
 };
 
@@ -42,7 +52,56 @@ TEST_F(WriteFileAtomic, ReplacesTheFileWhole) {
   write_file_atomic(path, "old");
   write_file_atomic(path, "new contents");
   EXPECT_EQ(slurp(path), "new contents");
-  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  EXPECT_EQ(entries(), std::set<std::string>{"config.json"});
+}
+
+TEST_F(WriteFileAtomic, AUsersTmpFileIsNotTouched) {
+  const std::string path = (dir_ / "r.html").string();
+  std::ofstream(path + ".tmp") << "the user's";
+  write_file_atomic(path, "report");
+  EXPECT_EQ(slurp(path), "report");
+  EXPECT_EQ(slurp(path + ".tmp"), "the user's");
+  EXPECT_EQ(entries(), (std::set<std::string>{"r.html", "r.html.tmp"}));
+}
+
+TEST_F(WriteFileAtomic, AMappedFileIsReplacedNotTruncated) {
+  const std::string path = (dir_ / "model.safetensors").string();
+  write_file_atomic(path, std::string(4096, 'm'));
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  ASSERT_GE(fd, 0);
+  void* map = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  ASSERT_NE(map, MAP_FAILED);
+  write_file_atomic(path, "{}");
+  // A truncated mapping would raise SIGBUS here.
+  EXPECT_EQ(std::string(static_cast<const char*>(map), 4096), std::string(4096, 'm'));
+  ::munmap(map, 4096);
+  EXPECT_EQ(slurp(path), "{}");
+}
+
+TEST_F(WriteFileAtomic, ADirectoryTargetIsAnErrorThatLeavesNothing) {
+  fs::create_directories(dir_ / "out");
+  try {
+    write_file_atomic((dir_ / "out").string(), "x");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("directory"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(entries(), std::set<std::string>{"out"});
+  EXPECT_TRUE(fs::is_empty(dir_ / "out"));
+}
+
+TEST_F(WriteFileAtomic, AnUncommittedFileLeavesNothing) {
+  {
+    AtomicFile f((dir_ / "x.json").string());
+    f.write("abc", 3);
+  }
+  EXPECT_EQ(entries(), std::set<std::string>{});
+}
+
+TEST_F(WriteFileAtomic, DevNullIsWrittenInPlace) {
+  write_file_atomic("/dev/null", "gone");
+  EXPECT_TRUE(fs::is_character_file("/dev/null"));
 }
 
 TEST_F(WriteFileAtomic, AFailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
@@ -67,7 +126,7 @@ TEST_F(WriteFileAtomic, AFailedWriteKeepsTheOldFileAndLeavesNoTemporary) {
   ASSERT_TRUE(WIFEXITED(status));
   EXPECT_EQ(WEXITSTATUS(status), 0) << "2: the write did not fail; 3: another error";
   EXPECT_EQ(slurp(path), "old");
-  EXPECT_FALSE(fs::exists(path + ".tmp")) << "the temporary file was left behind";
+  EXPECT_EQ(entries(), std::set<std::string>{"config.json"}) << "a temporary file was left behind";
 }
 
 }  // namespace

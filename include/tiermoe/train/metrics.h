@@ -27,7 +27,6 @@
 // activations, saved, device).
 #include <array>
 #include <cstddef>
-#include <fstream>
 #include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
@@ -72,14 +71,18 @@ struct MetricsRunInfo {
 
 class MetricsWriter {
  public:
-  // Truncates `path`, or appends to it (a resumed run continues the file).
+  // Starts a new file in place of `path` (a rename: the old one is never
+  // truncated), or appends to it (a resumed run continues the file).
   MetricsWriter(const std::string& path, bool append, MetricsRunInfo run = {});
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
   void write(const StepStats& s, const MemorySnapshot& memory);
 
  private:
   std::string path_;
   MetricsRunInfo run_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 // The median of `values` (the mean of the middle two for an even count); 0 when empty.
