@@ -22,6 +22,7 @@
 
 #include "commands.h"
 #include "flag_bounds.h"
+#include "run_paths.h"
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/safetensors.h"
@@ -50,15 +51,6 @@ struct EvalOptions {
   bool json = false;
 };
 
-// Fails before any work when the gradient file could not be written at the end.
-void check_grads_path(const std::string& path) {
-  const fs::path p = fs::absolute(path);
-  TIERMOE_CHECK(!fs::is_directory(p), "--save-grads names a directory", path,
-                "give a file path, e.g. grads.safetensors");
-  TIERMOE_CHECK(fs::is_directory(p.parent_path()), "the directory of --save-grads does not exist",
-                p.parent_path().string(), "create it first, or choose another path");
-}
-
 std::string format_double(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.17g", v);
@@ -85,7 +77,12 @@ void run_eval(const EvalOptions& o) {
   TIERMOE_CHECK(fs::is_directory(o.model),
                 fs::exists(o.model) ? "--model is not a directory" : "--model does not exist",
                 o.model, "pass a checkpoint directory (config.json + model.safetensors or shards)");
-  if (!o.save_grads.empty()) check_grads_path(o.save_grads);
+  // Fails before any work when the gradient file could not be written at the end.
+  RunPaths paths;
+  paths.input_dir(o.model, "--model");
+  paths.input_file(o.data, "--data");
+  paths.output(o.save_grads, "--save-grads");
+  paths.check();
 
   // Data problems are cheaper to find than checkpoint ones: config first, then
   // tokens, then the weights.

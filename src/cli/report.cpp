@@ -3,18 +3,16 @@
 // the routing load with the resident experts, memory by tag), from the files
 // the run left; --plan adds a tiermoe plan --json's placement beside it.
 // The page's contents are report/html_report.h's.
-#include <filesystem>
 #include <iostream>
 
 #include "commands.h"
+#include "run_paths.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/report/html_report.h"
 
 namespace tiermoe::cli {
 
 namespace {
-
-namespace fs = std::filesystem;
 
 struct ReportFlags {
   std::string run, profile, plan, out;
@@ -23,12 +21,15 @@ struct ReportFlags {
 void run_report(const ReportFlags& f) {
   TIERMOE_CHECK(!f.run.empty() || !f.plan.empty(), "nothing to report", "tiermoe report",
                 "pass a train --out directory or a --metrics file, and/or --plan FILE");
-  const fs::path parent = fs::absolute(f.out).parent_path();
-  TIERMOE_CHECK(fs::is_directory(parent), "the directory of the report does not exist",
-                parent.string(), "create it, or pass another --out");
   ReportSources sources = f.run.empty() ? ReportSources{} : report_sources_for(f.run);
   if (!f.profile.empty()) sources.profile = f.profile;
   sources.plan = f.plan;
+  RunPaths paths;
+  paths.input_file(sources.metrics, f.run);
+  paths.input_file(sources.profile, f.profile.empty() ? f.run : "--profile");
+  paths.input_file(sources.plan, "--plan");
+  paths.output(f.out, "--out");
+  paths.check();
   const ReportInputs in = load_report_inputs(sources);
   write_report(f.out, render_report_html(in));
   std::cerr << "report: " << report_chart_names(in).size() << " charts written to " << f.out

@@ -35,7 +35,7 @@
 
 #include "commands.h"
 #include "flag_bounds.h"
-#include "train_report.h"
+#include "run_paths.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/dist/mpi_comm.h"
@@ -43,6 +43,7 @@
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/progress.h"
 #include "tiermoe/train/trainer_session.h"
+#include "train_report.h"
 
 namespace tiermoe::cli {
 
@@ -236,6 +237,25 @@ std::function<void(int64_t)> fault_hook(const std::string& spec, int rank) {
   };
 }
 
+// No output of the run may destroy an input or another output (run_paths.h);
+// checked before loading, so a bad path fails before step 1.
+void check_run_paths(const TrainConfig& config, const RunControl& control, const TrainFlags& f) {
+  if (!control.out_dir.empty()) fs::create_directories(control.out_dir);
+  RunPaths paths;
+  paths.input_dir(config.model_dir, "--model");
+  paths.input_file(config.data_file, "--data");
+  paths.input_dir(config.lora_init, "--lora-init");
+  paths.input_dir(control.resume, "--resume");
+  paths.input_file(config.tier.profile_in, "--profile-in");
+  paths.run_dir(control.out_dir);
+  paths.output(control.metrics_file, f.control.metrics_file.empty()
+                                         ? "the metrics (--report's OUT/metrics.jsonl)"
+                                         : "--metrics");
+  paths.output(f.report, "--report");
+  paths.output(config.tier.profile_out, "--profile-out");
+  paths.check();
+}
+
 void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   const int ranks = mpi ? mpi->size() : 1, rank = mpi ? mpi->rank() : 0;
   TIERMOE_CHECK(f.ep == 0 || f.ep == ranks,
@@ -269,6 +289,7 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   control.log = rank == 0 ? &std::cerr : nullptr;
   control.progress_tty = ::isatty(STDERR_FILENO) == 1;
   if (!f.report.empty() && rank == 0) prepare_train_report(f.report, control);
+  check_run_paths(config, control, f);
   if (rank != 0) control.metrics_file.clear();
   control.before_step = fault_hook(f.inject_fault, rank);
 
