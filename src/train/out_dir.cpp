@@ -144,7 +144,13 @@ std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_
   std::vector<std::string> removed;
   if (keep_last == 0) return removed;
   std::vector<std::pair<int64_t, std::string>> others = list_checkpoint_dirs(dir);
-  std::erase_if(others, [&](const auto& c) { return fs::equivalent(c.second, newest); });
+  int64_t newest_step = -1;
+  for (const auto& [step, path] : others) {
+    if (fs::equivalent(path, newest)) newest_step = step;
+  }
+  // Above the one just written lie an earlier run's later checkpoints (this
+  // run resumed below them): not this run's to delete.
+  std::erase_if(others, [&](const auto& c) { return c.first >= newest_step; });
   const int64_t drop = int64_t(others.size()) - (keep_last - 1);
   for (int64_t i = 0; i < drop; ++i) {
     const fs::path p = others[size_t(i)].second;

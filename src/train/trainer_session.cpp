@@ -226,8 +226,19 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   DivergenceGuard divergence(control.divergence, model.config().vocab_size);
   if (ck) divergence.replay(ck->state.losses);
   auto save_checkpoint = [&] {
+    const fs::path next = fs::path(control.out_dir) / checkpoint_dir_name(trainer.steps_done());
+    if (log && fs::exists(next)) {
+      *log << "train: replacing " << next.string()
+           << " (an earlier run's, past the step this run resumed from)\n";
+    }
     out.last_checkpoint = save_train_checkpoint(control.out_dir, model, trainer, config);
-    if (rank0) prune_checkpoints(control.out_dir, control.keep_last, out.last_checkpoint);
+    if (rank0) {
+      for (const std::string& gone :
+           prune_checkpoints(control.out_dir, control.keep_last, out.last_checkpoint)) {
+        if (log)
+          *log << "train: removed " << gone << " (--keep-last " << control.keep_last << ")\n";
+      }
+    }
     if (control.after_checkpoint && rank0) control.after_checkpoint(out.last_checkpoint);
   };
   if (corpus) {

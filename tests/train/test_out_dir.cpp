@@ -126,11 +126,13 @@ TEST_F(OutDir, KeepLastKeepsTheNewestAndTheOneJustWritten) {
   EXPECT_EQ(removed.size(), 2u);
   EXPECT_EQ(entries(),
             (std::set<std::string>{"checkpoint-6", "checkpoint-8", "checkpoint-10", "final"}));
-  // A run resumed from checkpoint-6 writes checkpoint-7 below a later one:
-  // the one just written is kept.
+  // A run resumed from checkpoint-6 writes checkpoint-7 below later ones:
+  // the one just written is kept, and so are the earlier run's 8 and 10.
   write("checkpoint-7/a", "x");
-  prune_checkpoints(dir_.string(), 1, (dir_ / "checkpoint-7").string());
-  EXPECT_EQ(entries(), (std::set<std::string>{"checkpoint-7", "final"}));
+  EXPECT_EQ(prune_checkpoints(dir_.string(), 1, (dir_ / "checkpoint-7").string()),
+            std::vector<std::string>{(dir_ / "checkpoint-6").string()});
+  EXPECT_EQ(entries(),
+            (std::set<std::string>{"checkpoint-7", "checkpoint-8", "checkpoint-10", "final"}));
 
   EXPECT_NE(error_of([&] { prune_checkpoints(dir_.string(), -1, ""); }).find("--keep-last"),
             std::string::npos);

@@ -55,11 +55,13 @@ struct OutDirCleanup {
 // holding the directory's lock.
 OutDirCleanup clean_out_dir(const std::string& dir);
 
-// Keeps `keep_last` checkpoint-<N> directories in `dir`: `newest` (the one
-// just written) and the keep_last - 1 with the highest steps besides it;
-// removes the others (each renamed out of the way first, so a kill never
-// leaves a half-removed checkpoint under a real name). keep_last 0 keeps all.
-// Returns the directories removed.
+// Keeps `keep_last` checkpoint-<N> directories in `dir` at or below
+// `newest` (the one just written): it and the keep_last - 1 with the highest
+// steps below it; removes the others (each renamed out of the way first, so
+// a kill never leaves a half-removed checkpoint under a real name).
+// Checkpoints above `newest` (an earlier run's, past the step this one
+// resumed from) are never removed. keep_last 0 keeps all. Returns the
+// directories removed, for the log.
 std::vector<std::string> prune_checkpoints(const std::string& dir, int64_t keep_last,
                                            const std::string& newest);
 
