@@ -1,10 +1,12 @@
 // tiermoe: the command line. Each subcommand lives in its own file and is
 // registered here (commands.h). Exit codes: 0 success, 1 a tiermoe::Error
-// (printed as `error: ...`), 2 a command-line parse error.
+// (printed as `error: ...`), 2 a command-line parse error, 128 + N a
+// training run stopped by signal N (after saving a checkpoint).
 #include <iostream>
 #include <new>
 
 #include "commands.h"
+#include "stop_signals.h"
 #include "tiermoe/core/error.h"
 
 int main(int argc, char** argv) {
@@ -42,6 +44,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);
     return 2;
+  } catch (const tiermoe::cli::ExitStatus& e) {
+    return e.code;  // the command said why
   } catch (const tiermoe::Error& e) {
     std::cerr << "error: " << e.what() << "\n";
     return 1;

@@ -36,6 +36,7 @@
 #include "commands.h"
 #include "flag_bounds.h"
 #include "run_paths.h"
+#include "stop_signals.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/dist/mpi_comm.h"
@@ -222,14 +223,19 @@ std::function<void(int64_t)> fault_hook(const std::string& spec, int rank) {
   const std::string kind = spec.substr(0, a);
   const int on_rank = std::stoi(spec.substr(a + 1, b - a - 1));
   const int64_t at_step = std::stoll(spec.substr(b + 1));
-  TIERMOE_CHECK(kind == "kill" || kind == "hang" || kind == "error", "unknown fault '" + kind + "'",
-                "--inject-fault", "use kill, hang or error");
+  TIERMOE_CHECK(kind == "kill" || kind == "hang" || kind == "error" || kind == "sigint",
+                "unknown fault '" + kind + "'", "--inject-fault",
+                "use kill, hang, error or sigint");
   if (on_rank != rank) return {};
   return [kind, at_step, rank](int64_t step) {
     if (step != at_step) return;
     std::cerr << "tiermoe: rank " << rank << ": injected fault '" << kind << "' before step "
               << step << std::endl;
     if (kind == "kill") ::raise(SIGKILL);
+    if (kind == "sigint") {
+      ::raise(SIGINT);  // as a user's Ctrl-C during the step
+      return;
+    }
     if (kind == "hang") {
       for (;;) ::pause();
     }
@@ -292,16 +298,33 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   check_run_paths(config, control, f);
   if (rank != 0) control.metrics_file.clear();
   control.before_step = fault_hook(f.inject_fault, rank);
+  // Under mpirun SIGTERM means another rank failed (on_sigterm).
+  const StopSignals signals(/*sigterm=*/!mpi || mpi->size() == 1, !control.out_dir.empty());
+  control.stop_requested = &StopSignals::received;
 
   const TrainSummary summary = run_training(config, control);
-  if (rank != 0) return;
-  if (!f.report.empty()) write_train_report(f.report, control, summary, config.tier.profile_out);
-  if (f.json) {
-    std::cout << summary.to_json().dump() << "\n";
-  } else {
-    std::cout << "loss " << format_loss(summary.final_loss, summary.loss_floor) << " after "
-              << summary.steps << " steps\n";
+  if (rank == 0) {
+    if (!f.report.empty()) write_train_report(f.report, control, summary, config.tier.profile_out);
+    if (f.json) {
+      std::cout << summary.to_json().dump() << "\n";
+    } else {
+      std::cout << "loss " << format_loss(summary.final_loss, summary.loss_floor) << " after "
+                << summary.steps << " steps\n";
+    }
   }
+  if (summary.stopped_by == 0) return;
+  if (rank == 0) {
+    std::cerr << "train: stopped by " << signal_name(summary.stopped_by) << " after step "
+              << summary.steps << " of " << config.trainer.steps << "; ";
+    if (summary.last_checkpoint.empty()) {
+      std::cerr << "nothing saved (no --out given)\n";
+    } else {
+      std::cerr << "checkpoint saved to " << summary.last_checkpoint
+                << "\n  hint: continue with `tiermoe train --resume " << summary.last_checkpoint
+                << "`\n";
+    }
+  }
+  throw ExitStatus{128 + summary.stopped_by};
 }
 
 void run_train(TrainFlags& f, const CLI::App& cmd) {
@@ -502,8 +525,9 @@ void add_train_command(CLI::App& app) {
                   "Seconds a collective may wait for the other ranks before the run stops")
       ->capture_default_str()
       ->check(number_in(0.001, 1e7, "seconds"));
-  cmd->add_option("--inject-fault", f->inject_fault,
-                  "Tests: KIND:RANK:STEP, KIND kill|hang|error, on that rank before that step")
+  cmd->add_option(
+         "--inject-fault", f->inject_fault,
+         "Tests: KIND:RANK:STEP, KIND kill|hang|error|sigint, on that rank before that step")
       ->group("");
   cmd->callback([f, cmd] { run_train(*f, *cmd); });
 }

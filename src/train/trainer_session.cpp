@@ -22,6 +22,22 @@ namespace fs = std::filesystem;
 using detail::str_of;
 using nlohmann::json;
 
+namespace {
+
+// The stop a rank asked for, the same on every rank (the largest signal
+// number asked for; 0 when none did). Every rank's control has a
+// stop_requested or none has, so all or none take part in the allgather.
+int agreed_stop(const std::function<int()>& stop_requested, Comm* comm) {
+  if (!stop_requested) return 0;
+  const int mine = stop_requested();
+  if (!comm) return mine;
+  int64_t stop = 0;
+  for (int64_t s : comm->allgather_value(int64_t(mine), "stop request")) stop = std::max(stop, s);
+  return int(stop);
+}
+
+}  // namespace
+
 json TrainSummary::to_json() const {
   json j = {{"steps", steps},
             {"losses", losses},
@@ -36,6 +52,7 @@ json TrainSummary::to_json() const {
   if (!final_export.empty()) j["export"] = final_export;
   if (!memory_plan.is_null()) j["memory_plan"] = memory_plan;
   if (!time_split.is_null()) j["time_split_s"] = time_split;
+  if (stopped_by != 0) j["stopped_by_signal"] = stopped_by;
   if (!comm.is_null()) {
     for (const char* k : {"ranks", "alltoall_bytes", "alltoall_s"}) j[k] = comm.at(k);
     j["comm"] = comm;
@@ -314,6 +331,10 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
       if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
         save_checkpoint();
         saved_step = s.step;
+      }
+      if (const int stop = agreed_stop(control.stop_requested, comm)) {
+        out.stopped_by = stop;
+        break;
       }
     }
   } catch (...) {

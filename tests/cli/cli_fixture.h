@@ -1,9 +1,12 @@
 #pragma once
 // The test fixture that runs the built tiermoe binary (TIERMOE_CLI_PATH) as a
 // user would, in a fresh temporary directory per test.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -11,6 +14,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "common/test_dir.h"
@@ -88,6 +92,59 @@ inline nlohmann::json last_json_line(const std::string& out) {
 
 inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
+}
+
+inline std::vector<std::string> argv_of(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {TIERMOE_CLI_PATH};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return argv;
+}
+
+inline std::vector<char*> pointers(std::vector<std::string>& argv) {
+  std::vector<char*> out;
+  for (std::string& a : argv) out.push_back(a.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+// The raw wait status of `pid`, once it has ended.
+inline int wait_status(pid_t pid) {
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+// Its exit code, -1 when a signal ended it.
+inline int wait_exit(pid_t pid) {
+  const int status = wait_status(pid);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// Starts `tiermoe <args>` in the background, stdout and stderr into `log`.
+inline pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
+  std::vector<std::string> argv_s = argv_of(args);
+  std::vector<char*> argv = pointers(argv_s);
+  const std::string log_path = log.string();
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) ::_exit(127);
+    ::dup2(fd, STDOUT_FILENO);
+    ::dup2(fd, STDERR_FILENO);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// Waits (up to two minutes) until `log` holds `text`; false on a timeout.
+inline bool wait_for_text(const fs::path& log, const std::string& text) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!contains(slurp(log), text)) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
 }
 
 }  // namespace tiermoe

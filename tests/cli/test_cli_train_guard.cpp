@@ -21,42 +21,6 @@
 namespace tiermoe {
 namespace {
 
-std::vector<std::string> argv_of(const std::vector<std::string>& args) {
-  std::vector<std::string> argv = {TIERMOE_CLI_PATH};
-  argv.insert(argv.end(), args.begin(), args.end());
-  return argv;
-}
-
-std::vector<char*> pointers(std::vector<std::string>& argv) {
-  std::vector<char*> out;
-  for (std::string& a : argv) out.push_back(a.data());
-  out.push_back(nullptr);
-  return out;
-}
-
-int wait_exit(pid_t pid) {
-  int status = 0;
-  ::waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
-// Starts `tiermoe <args>` in the background, stdout and stderr into `log`.
-pid_t spawn(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> argv_s = argv_of(args);
-  std::vector<char*> argv = pointers(argv_s);
-  const std::string log_path = log.string();
-  const pid_t pid = ::fork();
-  if (pid == 0) {
-    const int fd = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) ::_exit(127);
-    ::dup2(fd, STDOUT_FILENO);
-    ::dup2(fd, STDERR_FILENO);
-    ::execv(argv[0], argv.data());
-    ::_exit(127);
-  }
-  return pid;
-}
-
 // Runs `tiermoe <args>` as on a full disk: every write to a file fails
 // (RLIMIT_FSIZE 0: EFBIG, SIGXFSZ ignored), the failure a writer meets on a
 // full disk (ENOSPC) without needing one. Its output comes through a pipe,

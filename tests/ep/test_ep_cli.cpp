@@ -5,6 +5,7 @@
 // a bounded time.
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -140,6 +141,20 @@ TEST_F(EpCli, AnErrorOnOneRankStopsEveryRank) {
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(seconds, 60);
   EXPECT_TRUE(contains(r.err, "error: rank 1 of 2: injected error")) << r.err;
+}
+
+// A SIGINT on one rank stops every rank after the same step, which all
+// save together, as one process stops.
+TEST_F(EpCli, ASignalOnOneRankStopsEveryRankAtTheSameStep) {
+  const fs::path out = path("o");
+  RunResult r =
+      run_ranks(2, tiny({"--ep", "2", "--out", out.string(), "--inject-fault", "sigint:1:2"}));
+  EXPECT_EQ(r.rc, 128 + SIGINT) << r.err;
+  EXPECT_TRUE(contains(r.err, "stopped by SIGINT after step 2 of 4; checkpoint saved to " +
+                                  (out / "checkpoint-2").string()))
+      << r.err;
+  EXPECT_TRUE(fs::exists(out / "checkpoint-2" / "trainer_state.json")) << r.err;
+  EXPECT_FALSE(fs::exists(out / "checkpoint-4")) << r.err;
 }
 
 // Only rank 0 takes the --out lock; when it cannot, the whole job stops

@@ -50,6 +50,11 @@ struct RunControl {
   // directory; the metrics file holds every step up to it. The CLI's
   // train --report refreshes the report here. Empty: nothing.
   std::function<void(const std::string&)> after_checkpoint{};
+  // Polled after each step: non-zero (a signal's number) ends the run there,
+  // as a run that reached its last step ends (its checkpoint saved), with
+  // TrainSummary::stopped_by set. Over several ranks the run stops once any
+  // rank asks, at the same step on all. Empty: never.
+  std::function<int()> stop_requested{};
   DivergenceOptions divergence{};  // when a finite run counts as diverged (divergence.h)
   // The memory plan (train/memory_plan.h) is logged before loading; a run
   // whose plan exceeds this many bytes is refused then, with what would make
@@ -75,6 +80,7 @@ struct TrainSummary {
   // The mean step's split (metrics.h "time_split_s") over this process's
   // steps, and that mean step's seconds ("step_s"), which the parts add to.
   nlohmann::json time_split;
+  int stopped_by = 0;  // what RunControl::stop_requested returned; 0: ran to the end
 
   nlohmann::json to_json() const;
 };

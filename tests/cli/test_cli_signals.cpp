@@ -1,0 +1,90 @@
+// tiermoe train stopped by a signal: the first SIGINT, SIGTERM or SIGHUP
+// finishes the step in progress, saves a checkpoint, says where it went and
+// exits 128 + the signal (the resumed run ends where an uninterrupted one
+// does); without --out it says nothing was saved; a second signal ends the
+// process at once.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <set>
+
+#include "cli/cli_fixture.h"
+
+namespace tiermoe {
+namespace {
+
+using CliSignals = Cli;
+
+TEST_F(CliSignals, TheFirstSignalSavesACheckpointAndTheResumeEndsAsAnUnbrokenRun) {
+  const fs::path out = path("o");
+  const RunResult stopped =
+      run(quick({"--steps", "5", "--out", out.string(), "--inject-fault", "sigint:0:2"}));
+  EXPECT_EQ(stopped.rc, 128 + SIGINT) << stopped.err;
+  const std::string ckpt = (out / "checkpoint-2").string();
+  EXPECT_TRUE(contains(stopped.err,
+                       "train: SIGINT received: finishing the step in progress, then "
+                       "saving a checkpoint"))
+      << stopped.err;
+  EXPECT_TRUE(contains(stopped.err,
+                       "train: stopped by SIGINT after step 2 of 5; checkpoint saved "
+                       "to " +
+                           ckpt))
+      << stopped.err;
+  EXPECT_TRUE(contains(stopped.err, "tiermoe train --resume " + ckpt)) << stopped.err;
+  EXPECT_EQ(testing::dir_entries(out), std::set<std::string>{"checkpoint-2"});
+
+  const RunResult resumed = run({"train", "--resume", ckpt, "--json"});
+  ASSERT_EQ(resumed.rc, 0) << resumed.err;
+  const RunResult whole = run(quick({"--steps", "5", "--json"}));
+  ASSERT_EQ(whole.rc, 0) << whole.err;
+  EXPECT_EQ(last_json_line(resumed.out).at("final_loss"),
+            last_json_line(whole.out).at("final_loss"));
+}
+
+TEST_F(CliSignals, WithoutOutItSaysNothingWasSaved) {
+  const RunResult r = run(quick({"--steps", "5", "--inject-fault", "sigint:0:3"}));
+  EXPECT_EQ(r.rc, 128 + SIGINT) << r.err;
+  EXPECT_TRUE(
+      contains(r.err, "stopped by SIGINT after step 3 of 5; nothing saved (no --out given)"))
+      << r.err;
+}
+
+// SIGTERM and SIGHUP from outside, as a scheduler or a closed terminal sends.
+TEST_F(CliSignals, SigtermAndSighupFromOutsideSaveTheRun) {
+  for (const int sig : {SIGTERM, SIGHUP}) {
+    const fs::path out = path("o" + std::to_string(sig)), log = path("log" + std::to_string(sig));
+    const pid_t pid =
+        spawn(quick({"--steps", "1000000", "--progress-every", "1", "--out", out.string()}), log);
+    ASSERT_GT(pid, 0);
+    ASSERT_TRUE(wait_for_text(log, "step 2/")) << slurp(log);
+    ::kill(pid, sig);
+    const int status = wait_status(pid);
+    const std::string err = slurp(log);
+    ASSERT_TRUE(WIFEXITED(status)) << "ended by a signal: " << err;
+    EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << err;
+    EXPECT_TRUE(contains(err, "checkpoint saved to " + out.string() + "/checkpoint-")) << err;
+    ASSERT_EQ(testing::dir_entries(out).size(), 1u) << err;
+    EXPECT_TRUE(fs::exists(out / *testing::dir_entries(out).begin() / "trainer_state.json"));
+  }
+}
+
+// A run that hangs inside a step (the test's fault) keeps waiting after the
+// first SIGINT; the second ends it as SIGINT does, with nothing saved.
+TEST_F(CliSignals, TheSecondSignalEndsTheRunAtOnce) {
+  const fs::path out = path("o"), log = path("log");
+  const pid_t pid =
+      spawn(quick({"--steps", "5", "--out", out.string(), "--inject-fault", "hang:0:2"}), log);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_text(log, "injected fault 'hang'")) << slurp(log);
+  ::kill(pid, SIGINT);
+  ASSERT_TRUE(wait_for_text(log, "SIGINT received")) << slurp(log);
+  ::kill(pid, SIGINT);
+  const int status = wait_status(pid);
+  ASSERT_TRUE(WIFSIGNALED(status)) << slurp(log);
+  EXPECT_EQ(WTERMSIG(status), SIGINT);
+  EXPECT_FALSE(fs::exists(out / "checkpoint-2"));
+}
+
+}  // namespace
+}  // namespace tiermoe
