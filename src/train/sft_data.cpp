@@ -64,6 +64,20 @@ SftData::SftData(const std::vector<SftExample>& examples, std::string source, Sf
   }
   close_row();
   TIERMOE_CHECK(rows_ >= 1, "no examples", source_, "the data holds no examples");
+  // Trained anyway, such data gives loss 0 and a zero gradient, yet AdamW's
+  // decay still moves the weights and every checkpoint looks like progress.
+  TIERMOE_CHECK(
+      counted_targets() > 0,
+      str_of("nothing to train on: in all ", examples_,
+             " examples every label the loss "
+             "would count is -100",
+             truncated_ ? str_of(" (", truncated_, " cut to --seq-len ", options_.seq_len, ")")
+                        : std::string()),
+      source_,
+      str_of("labels -100 (or assistant_mask 0) mark tokens without loss, and an "
+             "example's first token is never a target; give each example at least one "
+             "counted token after its first",
+             truncated_ ? "; a longer --seq-len keeps more of each example" : ""));
 }
 
 SftData SftData::from_file(const std::string& path, SftOptions options) {

@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/model/lm_head.h"
 #include "tiermoe/train/grad_accum.h"
 #include "tiermoe/train/grad_clip.h"
 
@@ -77,6 +78,7 @@ SamplerOptions sampler_for(const TrainerOptions& o) {
 
 Trainer::Trainer(CausalLM& model, const RowSource& data, TrainerOptions options)
     : model_(model),
+      data_(data),
       options_((options.ranks = model.ep_ranks(), options.validate(), options)),
       sampler_(data, sampler_for(options_)),
       schedule_(schedule_for(options_)),
@@ -97,16 +99,12 @@ StepStats Trainer::accumulate_gradients() {
   StepStats s;
   const int64_t B = options_.batch, L = options_.seq_len;
   Comm* comm = model_.comm();
-  const int P = model_.ep_ranks(), me = comm ? comm->rank() : 0;
+  const int P = model_.ep_ranks();
   const int64_t passes = options_.grad_accum / P;
+  std::vector<TokenBatch> batches;
+  timed(times, StepPart::data, [&] { batches = draw_step(&s.skipped_batches); });
   for (int64_t pass = 0; pass < passes; ++pass) {
-    TokenBatch batch;
-    timed(times, StepPart::data, [&] {
-      for (int r = 0; r < P; ++r) {
-        TokenBatch b = sampler_.next_batch(B);
-        if (r == me) batch = std::move(b);
-      }
-    });
+    const TokenBatch& batch = batches[size_t(pass)];
     if (pass > 0) {
       // The replicated gradients are this micro-batch's alone (folded below).
       TimedPart part(times, StepPart::optimizer);
@@ -147,6 +145,33 @@ StepStats Trainer::accumulate_gradients() {
   }
   s.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return s;
+}
+
+std::vector<TokenBatch> Trainer::draw_step(int64_t* skipped) {
+  Comm* comm = model_.comm();
+  const int P = model_.ep_ranks(), me = comm ? comm->rank() : 0;
+  const int64_t passes = options_.grad_accum / P;
+  // Every rank draws every micro-batch of the step (keeping its own), so all
+  // see the same count and skip together. The data holds a target somewhere
+  // (SftData checks), so two epochs' worth of draws find one.
+  const int64_t rows_per_step = options_.batch * options_.grad_accum;
+  const int64_t max_skips = 2 * (sampler_.num_windows() / rows_per_step + 1);
+  for (;;) {
+    std::vector<TokenBatch> mine;
+    int64_t targets = 0;
+    for (int64_t pass = 0; pass < passes; ++pass) {
+      for (int r = 0; r < P; ++r) {
+        TokenBatch b = sampler_.next_batch(options_.batch);
+        targets += count_targets(b.targets_BL);
+        if (r == me) mine.push_back(std::move(b));
+      }
+    }
+    if (targets > 0) return mine;
+    ++*skipped;
+    TIERMOE_CHECK(*skipped <= max_skips,
+                  str_of(*skipped, " batches in a row held no counted target"), data_.source(),
+                  "the data's labels are nearly all -100; give more examples a counted token");
+  }
 }
 
 void Trainer::fold_replicated_grads(int64_t pass, int64_t passes) {

@@ -52,6 +52,7 @@ json TrainSummary::to_json() const {
   if (!final_export.empty()) j["export"] = final_export;
   if (!memory_plan.is_null()) j["memory_plan"] = memory_plan;
   if (!time_split.is_null()) j["time_split_s"] = time_split;
+  j["skipped_batches"] = skipped_batches;
   if (stopped_by != 0) j["stopped_by_signal"] = stopped_by;
   if (!comm.is_null()) {
     for (const char* k : {"ranks", "alltoall_bytes", "alltoall_s"}) j[k] = comm.at(k);
@@ -317,6 +318,11 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     while (trainer.steps_done() < last_step) {
       if (control.before_step) control.before_step(trainer.steps_done() + 1);
       const StepStats s = trainer.step();
+      if (s.skipped_batches > 0 && out.skipped_batches == 0 && log) {
+        *log << "train: warning: step " << s.step << " skipped a batch whose rows hold no counted "
+             << "target (every label -100); such batches are skipped and counted in the summary\n";
+      }
+      out.skipped_batches += s.skipped_batches;
       step_times.push_back(s.seconds);
       for (size_t i = 0; i < kNumStepParts; ++i) parts_run.s[i] += s.times.s[i];
       tokens_run += s.tokens;
@@ -387,6 +393,9 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     *log << "train: " << step_times.size() << " steps in " << format_duration(out.seconds) << " ("
          << str_of(out.seconds) << " s), loss " << format_loss(out.final_loss, out.loss_floor)
          << ", " << int64_t(out.tokens_per_s) << " tokens/s";
+    if (out.skipped_batches > 0) {
+      *log << ", " << out.skipped_batches << " batch(es) without a counted target skipped";
+    }
     if (!out.last_checkpoint.empty()) *log << ", checkpoint " << out.last_checkpoint;
     if (!out.final_export.empty()) *log << ", exported " << out.final_export;
     if (!out.time_split.is_null()) *log << "\n" << time_split_line(out.time_split);

@@ -79,6 +79,10 @@ struct StepStats {
   double lr = 0;     // the rate this update used
   double grad_norm = 0;  // pre-clip global norm
   int64_t tokens = 0;    // tokens this step processed, all ranks (B * L * grad_accum)
+  // Whole steps' batches drawn before this step's and skipped: no row of
+  // theirs held a counted target (SFT labels all -100), so they would have
+  // moved the weights (AdamW's decay and momentum) with nothing learned.
+  int64_t skipped_batches = 0;
   double seconds = 0;    // wall time of the step
   double attention_s = 0;  // of which in the attention blocks (forward + backward)
   double mlp_s = 0;        // in the MoE blocks and dense MLPs (the experts' share is tier->total)
@@ -130,8 +134,12 @@ class Trainer {
  private:
   // Adds this pass's replicated gradients into the step's, in rank order.
   void fold_replicated_grads(int64_t pass, int64_t passes);
+  // This rank's micro-batches of the next step, one per pass. Draws that
+  // hold no counted target on any rank are skipped (counted in `skipped`).
+  std::vector<TokenBatch> draw_step(int64_t* skipped);
 
   CausalLM& model_;
+  const RowSource& data_;
   TrainerOptions options_;
   WindowSampler sampler_;
   LrSchedule schedule_;

@@ -80,6 +80,7 @@ struct TrainSummary {
   // The mean step's split (metrics.h "time_split_s") over this process's
   // steps, and that mean step's seconds ("step_s"), which the parts add to.
   nlohmann::json time_split;
+  int64_t skipped_batches = 0;  // batches without a counted target, skipped (StepStats)
   int stopped_by = 0;  // what RunControl::stop_requested returned; 0: ran to the end
 
   nlohmann::json to_json() const;
