@@ -27,17 +27,20 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <functional>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "commands.h"
 #include "flag_bounds.h"
 #include "run_paths.h"
 #include "stop_signals.h"
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/files.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/dist/mpi_comm.h"
 #include "tiermoe/io/peft.h"
@@ -339,8 +342,13 @@ void run_train(TrainFlags& f, const CLI::App& cmd) {
   } catch (const std::exception& e) {
     if (mpi.size() == 1) throw;
     // The other ranks may wait in a collective for this one: end them all.
-    std::cerr << "error: rank " << mpi.rank() << " of " << mpi.size() << ": " << e.what()
-              << std::endl;
+    // The message goes out in one write, so the ranks' never interleave; the
+    // other ranks wait a moment first, so that when every rank fails alike
+    // (bad data, a bad path) rank 0's abort ends them before they repeat it.
+    const std::string msg =
+        str_of("error: rank ", mpi.rank(), " of ", mpi.size(), ": ", e.what(), "\n");
+    if (mpi.rank() != 0) std::this_thread::sleep_for(std::chrono::seconds(2));
+    write_all(STDERR_FILENO, msg.data(), msg.size(), "stderr");
     mpi.abort(1);
   }
 }

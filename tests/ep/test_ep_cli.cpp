@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -141,6 +142,17 @@ TEST_F(EpCli, AnErrorOnOneRankStopsEveryRank) {
   EXPECT_NE(r.rc, 0);
   EXPECT_LT(seconds, 60);
   EXPECT_TRUE(contains(r.err, "error: rank 1 of 2: injected error")) << r.err;
+}
+
+// Every rank refuses data with nothing to learn alike; the job prints the
+// error once, whole (no rank's message cut into another's).
+TEST_F(EpCli, AnErrorEveryRankMeetsIsPrintedOnce) {
+  std::ofstream(path("masked.jsonl")) << R"({"input_ids": [5, 6, 7], "labels": [-100, -100, -100]})"
+                                      << "\n";
+  RunResult r = run_ranks(2, tiny({"--ep", "2", "--data", path("masked.jsonl").string()}));
+  EXPECT_NE(r.rc, 0);
+  EXPECT_EQ(count(r.err, "error: "), 1) << r.err;
+  EXPECT_TRUE(contains(r.err, "error: rank 0 of 2: nothing to train on")) << r.err;
 }
 
 // A SIGINT on one rank stops every rank after the same step, which all
