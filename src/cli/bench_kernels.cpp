@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "commands.h"
+#include "flag_bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/kernels/cpu_isa.h"
@@ -73,7 +74,9 @@ void add_bench_expert_kernels(CLI::App* bench) {
   k->add_option("--iters", o->iters, "Timed calls per kernel (the median is reported)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
-  k->add_option("--threads", o->threads, "Threads (0: all cores)")->capture_default_str();
+  k->add_option("--threads", o->threads, "Threads (0: all cores)")
+      ->capture_default_str()
+      ->check(count_in(0, max_threads(), "4 x the cores: more only oversubscribe them"));
   k->add_option("--isa", o->isa,
                 "GEMM ISA: avx2 | avx512 | avx512bf16 | amx | *-emu (default: TIERMOE_ISA, else "
                 "the best this CPU has)");

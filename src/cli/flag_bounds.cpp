@@ -1,6 +1,8 @@
 #include "flag_bounds.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 #include <sstream>
 
 #include "tiermoe/core/error.h"
@@ -48,5 +50,13 @@ CLI::Validator number_in(double lo, double hi, const std::string& why) {
 }
 
 int max_threads() { return 4 * default_num_threads(); }
+
+void bound_omp_num_threads() {
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  if (env == nullptr || num_threads() <= max_threads()) return;
+  std::cerr << "warning: OMP_NUM_THREADS=" << env << " is above 4 x the " << default_num_threads()
+            << " cores this process may run on; using " << default_num_threads() << " threads\n";
+  set_num_threads(0);
+}
 
 }  // namespace tiermoe::cli

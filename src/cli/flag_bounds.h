@@ -25,4 +25,8 @@ CLI::Validator number_in(double lo, double hi, const std::string& why = {});
 // them at all (it crashes or exits with "Thread creation failed").
 int max_threads();
 
+// OMP_NUM_THREADS sets the default thread count the same way, so a value
+// past max_threads() is held to the cores, with a warning on stderr.
+void bound_omp_num_threads();
+
 }  // namespace tiermoe::cli

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "commands.h"
+#include "flag_bounds.h"
 #include "stop_signals.h"
 #include "tiermoe/core/error.h"
 
@@ -38,6 +39,7 @@ int main(int argc, char** argv) {
   tiermoe::cli::add_report_command(app);
 
   try {
+    tiermoe::cli::bound_omp_num_threads();
     app.parse(argc, argv);
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version

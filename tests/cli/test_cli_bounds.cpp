@@ -78,6 +78,19 @@ TEST_F(CliBounds, ThreadsOutsideOneToFourTimesTheCoresAreABadCommandLine) {
   expect_refused(
       quick_train({"--device", "cpu", "--device-memory", "1MB", "--device-threads", "100000"}), 2,
       {"--device-threads"});
+  for (const char* n : {"100000", "-3"}) {
+    expect_refused({"bench", "expert-kernels", "--threads", n}, 2, {"--threads", n, "cores"});
+  }
+}
+
+// OMP_NUM_THREADS sets the default count: past the bound it is held to the
+// cores, with a warning (100000 used to crash libgomp).
+TEST_F(CliBounds, OmpNumThreadsPastTheBoundIsHeldToTheCores) {
+  ::setenv("OMP_NUM_THREADS", "100000", 1);
+  const RunResult r = run_timed(quick_train({}));
+  ::unsetenv("OMP_NUM_THREADS");
+  EXPECT_EQ(r.rc, 0) << r.err;
+  EXPECT_TRUE(contains(r.err, "warning: OMP_NUM_THREADS=100000 is above 4 x the")) << r.err;
 }
 
 TEST_F(CliBounds, ConfigsClaimingAbsurdLayerCountsAreRefusedAtOnce) {
