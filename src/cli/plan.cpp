@@ -80,8 +80,9 @@ ModelConfig model_config(const PlanOptions& o) {
 RoutingProfile routing_profile(const PlanOptions& o, const ModelConfig& c) {
   const int64_t L = c.num_moe_layers(), E = c.num_experts;
   if (o.synthetic) {
-    return RoutingProfile::synthetic(L, E, double(o.tokens * c.num_experts_per_tok), o.zipf,
-                                     o.seed);
+    // Each token picks top-k distinct experts: at most one row per expert.
+    return RoutingProfile::synthetic(L, E, double(o.tokens * c.num_experts_per_tok), o.zipf, o.seed,
+                                     /*max_rows_per_expert=*/double(o.tokens));
   }
   RoutingProfile p = RoutingProfile::load(o.profile);
   TIERMOE_CHECK(p.layers() == L && p.experts() == E,

@@ -90,10 +90,15 @@ double host_seconds(double rows, const ExpertShape& s, TrainMode m, const CostMo
 }
 
 double device_seconds(int64_t M, const ExpertShape& s, TrainMode m, const CostModel& c) {
-  double t = 0;
-  for (int64_t G : padded_launches(M, c.buckets)) {
-    t += double(G) * flops_per_row(s, m) / c.device_flops_per_s + 2 * c.launch_s;
-  }
+  TIERMOE_ASSERT(M >= 0 && !c.buckets.empty());
+  // padded_launches' launches, counted rather than listed: the planner asks
+  // this for every expert and candidate, and M may be a profile's millions.
+  const auto launch = [&](int64_t G) {
+    return double(G) * flops_per_row(s, m) / c.device_flops_per_s + 2 * c.launch_s;
+  };
+  const int64_t g_max = c.buckets.back(), rest = M % g_max;
+  double t = double(M / g_max) * launch(g_max);
+  if (rest > 0) t += launch(*std::lower_bound(c.buckets.begin(), c.buckets.end(), rest));
   return t;
 }
 

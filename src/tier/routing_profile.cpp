@@ -20,9 +20,44 @@ using detail::str_of;
 
 constexpr const char* kFormat = "tiermoe-routing-profile";
 constexpr int64_t kVersion = 1;
+// An expert's rows in a step are at most the step's tokens; no batch that
+// fits in memory has 2^31 of them. Larger counts (1e12, 1e308) would only
+// make the planner allocate launches until bad_alloc.
+constexpr double kMaxRowsPerStep = double(int64_t(1) << 31);
 constexpr const char* kFileHint =
     "a routing profile is written by `tiermoe train` or RoutingProfile::save; "
     "regenerate it rather than editing it by hand";
+
+// The rows of each Zipf rank (see synthetic): weights w_r = (r+1)^-s fall
+// with r, so the ranks held at `cap` are a prefix; the first rank p whose
+// share of what the prefix leaves fits under the cap ends it.
+std::vector<double> capped_zipf_rows(int64_t experts, double total, double s, double cap) {
+  std::vector<double> weight_R(static_cast<size_t>(experts), 0.0);
+  std::vector<double> suffix_R(static_cast<size_t>(experts) + 1, 0.0);
+  for (int64_t r = 0; r < experts; ++r) weight_R[size_t(r)] = std::pow(double(r + 1), -s);
+  for (int64_t r = experts - 1; r >= 0; --r) {
+    suffix_R[size_t(r)] = suffix_R[size_t(r) + 1] + weight_R[size_t(r)];
+  }
+  std::vector<double> rows_R(static_cast<size_t>(experts), 0.0);
+  double left = total;
+  for (int64_t r = 0; r < experts && left > 0; ++r) {
+    const double share = suffix_R[size_t(r)] > 0
+                             ? left * weight_R[size_t(r)] / suffix_R[size_t(r)]
+                             : left;  // the weights vanished: the next rank fills up
+    if (share <= cap) {
+      // Every later rank's share is smaller still: split by the weights.
+      for (int64_t q = r; q < experts; ++q) {
+        rows_R[size_t(q)] = suffix_R[size_t(r)] > 0
+                                ? left * weight_R[size_t(q)] / suffix_R[size_t(r)]
+                                : (q == r ? left : 0.0);
+      }
+      break;
+    }
+    rows_R[size_t(r)] = cap;
+    left -= cap;
+  }
+  return rows_R;
+}
 
 void check_decay(double decay, const std::string& where) {
   TIERMOE_CHECK(std::isfinite(decay) && decay >= 0 && decay < 1,
@@ -183,9 +218,10 @@ RoutingProfile RoutingProfile::from_json(std::string_view text, const std::strin
       TIERMOE_CHECK(v.is_number(), str_of("layer ", l, " expert ", e, " is not a number"), at,
                     kFileHint);
       double r = v.get<double>();
-      TIERMOE_CHECK(std::isfinite(r) && r >= 0,
+      TIERMOE_CHECK(std::isfinite(r) && r >= 0 && r <= kMaxRowsPerStep,
                     str_of("layer ", l, " expert ", e, " has ", r, " rows"), at,
-                    "rows per step are finite and non-negative");
+                    str_of("rows per step are non-negative and at most ", kMaxRowsPerStep,
+                           " (an expert takes at most one row per token of a step)"));
       TIERMOE_CHECK(steps > 0 || r == 0,
                     str_of("layer ", l, " expert ", e, " has ", r, " rows after 0 steps"), at,
                     "a profile with \"steps\": 0 has observed nothing");
@@ -210,17 +246,20 @@ RoutingProfile RoutingProfile::load(const std::string& path) {
 }
 
 RoutingProfile RoutingProfile::synthetic(int64_t layers, int64_t experts,
-                                         double total_rows_per_layer, double zipf_s,
-                                         uint64_t seed) {
+                                         double total_rows_per_layer, double zipf_s, uint64_t seed,
+                                         double max_rows_per_expert) {
   TIERMOE_CHECK(std::isfinite(total_rows_per_layer) && total_rows_per_layer >= 0,
                 str_of("synthetic profile rows per layer ", total_rows_per_layer), "synthetic",
                 "give the tokens times top-k of one step");
   TIERMOE_CHECK(std::isfinite(zipf_s) && zipf_s >= 0, str_of("Zipf exponent ", zipf_s), "synthetic",
                 "0 is uniform routing; about 1 is a typical skew");
+  TIERMOE_CHECK(total_rows_per_layer <= double(experts) * max_rows_per_expert,
+                str_of(total_rows_per_layer, " rows a layer do not fit in ", experts,
+                       " experts of at most ", max_rows_per_expert, " rows"),
+                "synthetic", "top-k is at most the number of experts");
   RoutingProfile p(layers, experts);
-  std::vector<double> weight_R(static_cast<size_t>(experts));
-  for (int64_t r = 0; r < experts; ++r) weight_R[size_t(r)] = std::pow(double(r + 1), -zipf_s);
-  const double harmonic = std::accumulate(weight_R.begin(), weight_R.end(), 0.0);
+  const std::vector<double> rows_R =
+      capped_zipf_rows(experts, total_rows_per_layer, zipf_s, max_rows_per_expert);
   Rng rng(seed);
   for (int64_t l = 0; l < layers; ++l) {
     // Fisher-Yates: expert_R[r] is the expert of rank r in this layer.
@@ -230,8 +269,7 @@ RoutingProfile RoutingProfile::synthetic(int64_t layers, int64_t experts,
       std::swap(expert_R[size_t(i)], expert_R[size_t(rng.below(uint64_t(i + 1)))]);
     }
     for (int64_t r = 0; r < experts; ++r) {
-      p.ema_LE[size_t(l)][size_t(expert_R[size_t(r)])] =
-          total_rows_per_layer * weight_R[size_t(r)] / harmonic;
+      p.ema_LE[size_t(l)][size_t(expert_R[size_t(r)])] = rows_R[size_t(r)];
     }
   }
   p.steps_ = 1;

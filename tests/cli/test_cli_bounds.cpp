@@ -181,6 +181,19 @@ TEST_F(CliBounds, ProfilesClaimingMoreLayersThanTheyHoldAreRefusedBeforeAllocati
                  {"\"rows\" must be an array of 1000000000000000 layers", profile});
 }
 
+// Row counts past what a step can route (1e12 allocated until bad_alloc,
+// 1e19 and 1e308 ended in an internal check) are refused as the file is read.
+TEST_F(CliBounds, ProfilesClaimingAbsurdRowCountsAreRefused) {
+  const std::string profile = path("p.json").string();
+  for (const char* rows : {"1e12", "1e19", "1e308"}) {
+    std::ofstream(profile) << R"({"format": "tiermoe-routing-profile", "version": 1, "decay": 0.9,
+        "steps": 1, "layers": 2, "experts": 8, "rows": [[1, 2, 3, 4, 5, 6, 7, )"
+                           << rows << R"(], [1, 2, 3, 4, 5, 6, 7, 8]]})";
+    expect_refused({"plan", "--preset", "tiny", "--profile", profile, "--device-memory", "1MB"}, 1,
+                   {"layer 0 expert 7 has", "rows", profile});
+  }
+}
+
 TEST_F(CliBounds, VocabularyOverflowIsNamed) {
   const fs::path dir = with_config_field("vocab", "vocab_size", "4611686018427387904");
   expect_refused({"inspect", dir.string()}, 1, {"vocab_size", "4611686018427387904"});

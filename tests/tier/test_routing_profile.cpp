@@ -201,5 +201,31 @@ TEST(RoutingProfile, SyntheticIsZipfPerLayerAndDeterministic) {
   EXPECT_EQ(u.rows(0), (std::vector<double>{25, 25, 25, 25}));
 }
 
+// Top-k routing gives an expert at most one row per token: Qwen3-30B-A3B's
+// 128 experts, top 8 of 4096 tokens at s = 1 gave the top expert 6,031 rows.
+// The capped ranks keep the cap, the rest share what is left by the Zipf
+// weights; with s so large the weights vanish, the top k take every token.
+TEST(RoutingProfile, SyntheticHoldsEachExpertToOneRowAToken) {
+  const double tokens = 4096, k = 8;
+  const RoutingProfile a = RoutingProfile::synthetic(1, 128, tokens * k, 1.0, 3, tokens);
+  std::vector<double> sorted = a.rows(0);
+  std::sort(sorted.rbegin(), sorted.rend());
+  EXPECT_NEAR(a.total_rows(0), tokens * k, 1e-6);
+  EXPECT_EQ(sorted[0], tokens);
+  EXPECT_LT(sorted[1], tokens);
+  // Below the cap the Zipf ratios hold: rank 1 to rank 2 is (3/2)^1.
+  EXPECT_NEAR(sorted[1] / sorted[2], 1.5, 1e-9);
+  EXPECT_EQ(RoutingProfile::synthetic(1, 128, tokens * k, 1.0, 3),
+            RoutingProfile::synthetic(1, 128, tokens * k, 1.0, 3, 1e300))
+      << "a cap above every share changes nothing";
+
+  const RoutingProfile extreme = RoutingProfile::synthetic(1, 128, tokens * k, 1e300, 3, tokens);
+  sorted = extreme.rows(0);
+  std::sort(sorted.rbegin(), sorted.rend());
+  for (int r = 0; r < 8; ++r) EXPECT_EQ(sorted[size_t(r)], tokens) << r;
+  EXPECT_EQ(sorted[8], 0);
+  EXPECT_THROW(RoutingProfile::synthetic(1, 4, 5 * tokens, 1.0, 3, tokens), Error);
+}
+
 }  // namespace
 }  // namespace tiermoe

@@ -26,6 +26,7 @@
 // a shape that disagrees with layers/experts, a negative or non-finite row or
 // an unknown version is an Error naming the file and the field.
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -59,9 +60,14 @@ class RoutingProfile {
   // A deterministic Zipf-skewed profile, as if one step had been observed:
   // in each layer the experts take a random order (from `seed`) and the
   // expert of rank r (0-based) gets total_rows_per_layer * (r+1)^-s / H rows,
-  // H = sum over r of (r+1)^-s. s = 0 is uniform.
-  static RoutingProfile synthetic(int64_t layers, int64_t experts, double total_rows_per_layer,
-                                  double zipf_s, uint64_t seed);
+  // H = sum over r of (r+1)^-s. s = 0 is uniform. No expert gets more than
+  // `max_rows_per_expert` (top-k routing gives an expert at most one row per
+  // token): the top ranks are held there and the rest of the rows shared
+  // over the others by the same weights (with s so large the weights vanish,
+  // the next ranks fill up in turn). O(experts) a layer.
+  static RoutingProfile synthetic(
+      int64_t layers, int64_t experts, double total_rows_per_layer, double zipf_s, uint64_t seed,
+      double max_rows_per_expert = std::numeric_limits<double>::infinity());
 
   // Expert parallelism: the profiles of the ranks' experts side by side
   // (same layers and decay; rank order is expert order), and back: experts
