@@ -81,7 +81,8 @@ SftData::SftData(const std::vector<SftExample>& examples, std::string source, Sf
 }
 
 SftData SftData::from_file(const std::string& path, SftOptions options) {
-  return SftData(read_sft_jsonl(path), path, options);
+  // One token past seq_len tells a cut example from one that fits.
+  return SftData(read_sft_jsonl(path, options.seq_len + 1), path, options);
 }
 
 int64_t SftData::num_rows(int64_t seq_len) const {

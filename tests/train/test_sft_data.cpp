@@ -48,6 +48,14 @@ TEST(SftJsonl, ErrorsNameTheLineAndTheField) {
       {"{\"input_ids\": [1.5]}", "not a 32-bit integer"},
       {"{\"input_ids\": [-1]}", "negative"},
       {"{\"input_ids\": [1]", "not valid JSON"},
+      {"{\"input_ids\": [[1, 2]]}", "\"input_ids\"[0] = a list is not a 32-bit integer"},
+      {"{\"input_ids\": [1, {\"a\": 1}]}", "\"input_ids\"[1] = an object"},
+      {"{\"input_ids\": \"1 2\"}", "\"input_ids\" is not a list"},
+      {"{\"input_ids\": [1], \"input_ids\": [2]}", "\"input_ids\" appears twice"},
+      {"{\"input_ids\": [1, 2], \"labels\": [1, \"x\"]}", "\"labels\"[1] = \"x\""},
+      {"{\"input_ids\": [1]} {\"input_ids\": [2]}", "not valid JSON"},
+      {"{\"input_ids\": [1,\n2]}", "not valid JSON"},  // one object, one line
+      {"5", "not a JSON object"},
   };
   for (const auto& [line, words] : bad) {
     const std::string path = write_file("bad.jsonl", "{\"input_ids\": [3]}\n" + line + "\n");
@@ -60,6 +68,61 @@ TEST(SftJsonl, ErrorsNameTheLineAndTheField) {
       EXPECT_NE(what.find(":2"), std::string::npos) << "no line number: " << what;
     }
   }
+}
+
+// Fields TierMoE does not read are skipped whatever they hold, and lines
+// count across blank and CRLF lines.
+TEST(SftJsonl, OtherFieldsAreSkippedAndLinesCounted) {
+  const std::string path = write_file(
+      "skip.jsonl",
+      "{\"messages\": [{\"role\": \"user\", \"content\": \"[1, 2]\"}], \"input_ids\": [1, 2],"
+      " \"meta\": {\"labels\": \"no\", \"n\": [[1.5, null, true]]}, \"labels\": [-100, 2]}\r\n"
+      "   \r\n"
+      "\n"
+      "{\"input_ids\": [3]}");
+  const std::vector<SftExample> ex = read_sft_jsonl(path);
+  ASSERT_EQ(ex.size(), 2u);
+  EXPECT_EQ(ex[0].input_ids, (std::vector<int32_t>{1, 2}));
+  EXPECT_EQ(ex[0].labels, (std::vector<int32_t>{-100, 2}));
+  EXPECT_EQ(ex[1].line, 4);
+}
+
+// With max_tokens an example keeps its first max_tokens ids and labels, and
+// the entries past them are still checked and counted.
+TEST(SftJsonl, MaxTokensKeepsThePrefixAndChecksTheRest) {
+  const std::string path = write_file(
+      "keep.jsonl", "{\"input_ids\": [1, 2, 3, 4, 5], \"labels\": [-100, 2, 3, 4, 5]}\n");
+  const std::vector<SftExample> ex = read_sft_jsonl(path, 3);
+  ASSERT_EQ(ex.size(), 1u);
+  EXPECT_EQ(ex[0].input_ids, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ(ex[0].labels, (std::vector<int32_t>{-100, 2, 3}));
+  for (const char* bad : {"{\"input_ids\": [1, 2, 3, 4, 5], \"labels\": [-100, 2, 3, 4]}",
+                          "{\"input_ids\": [1, 2, 3, 4, 1.5]}"}) {
+    EXPECT_THROW(read_sft_jsonl(write_file("keep_bad.jsonl", std::string(bad) + "\n"), 3), Error)
+        << bad;
+  }
+}
+
+// A line past 256 MiB is refused naming its line, not read whole (a 2 GB
+// line ended in std::bad_alloc; a 200 MB one took 4.65 GB).
+TEST(SftJsonl, ALineLongerThan256MiBIsRefused) {
+  const std::string path = (fs::temp_directory_path() / "tiermoe_sft_long.jsonl").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "{\"input_ids\": [1]}\n{\"input_ids\": [1], \"pad\": [";
+    const std::string block(1 << 20, ' ');
+    for (int i = 0; i < 257; ++i) out << block;
+    out << "]}\n";
+  }
+  try {
+    read_sft_jsonl(path);
+    ADD_FAILURE() << "accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the line is longer than 256 MiB"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("long.jsonl:2"), std::string::npos) << e.what();
+  }
+  fs::remove(path);
 }
 
 SftExample ex(std::vector<int32_t> ids, std::vector<int32_t> labels = {}) {

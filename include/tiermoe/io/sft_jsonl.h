@@ -30,7 +30,11 @@ struct SftExample {
   int64_t line = 0;             // 1-based line in its file
 };
 
-std::vector<SftExample> read_sft_jsonl(const std::string& path);
+// Streams the file a line at a time; a line may hold at most 256 MiB. With
+// max_tokens > 0 an example keeps only its first max_tokens ids and labels
+// (every entry is still checked and counted): what a run of --seq-len
+// max_tokens - 1 can use, and enough to tell that it was cut.
+std::vector<SftExample> read_sft_jsonl(const std::string& path, int64_t max_tokens = 0);
 
 // Whether `path` holds SFT JSON Lines rather than a token array: a .jsonl or
 // .json name, or a file whose first non-blank byte is '{'.
