@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 seconds=${1:-${FUZZ_SECONDS:-60}}
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(safetensors shard_index config tokens peft profile)
+[ ${#targets[@]} -gt 0 ] || targets=(safetensors shard_index config tokens peft profile sft metrics)
 
 if ! command -v clang++ >/dev/null || ! ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1; then
   echo "fuzz: installing clang and libFuzzer (apt-get)" >&2

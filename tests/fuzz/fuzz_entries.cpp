@@ -1,12 +1,15 @@
 #include "fuzz/fuzz_entries.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/peft.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/io/sft_jsonl.h"
 #include "tiermoe/io/tokens.h"
+#include "tiermoe/report/report_data.h"
 #include "tiermoe/tier/routing_profile.h"
 
 namespace tiermoe::fuzz {
@@ -15,8 +18,8 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr std::string_view kNames[] = {"safetensors", "shard_index", "config",
-                                       "tokens",      "peft",        "profile"};
+constexpr std::string_view kNames[] = {"safetensors", "shard_index", "config", "tokens",
+                                       "peft",        "profile",     "sft",    "metrics"};
 
 void write_file(const fs::path& path, std::string_view bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -93,6 +96,31 @@ void read_profile(std::string_view data) {
   }
 }
 
+// SFT JSON Lines, read whole and kept to a few tokens an example, as a run
+// of a short --seq-len reads them.
+void read_sft(std::string_view data, const fs::path& dir) {
+  write_file(dir / "data.jsonl", data);
+  const std::vector<SftExample> whole = read_sft_jsonl((dir / "data.jsonl").string());
+  const std::vector<SftExample> cut = read_sft_jsonl((dir / "data.jsonl").string(), 4);
+  if (cut.size() != whole.size()) throw std::logic_error("max_tokens changed the examples read");
+  for (size_t i = 0; i < whole.size(); ++i) {
+    const size_t n = std::min<size_t>(4, whole[i].input_ids.size());
+    if (cut[i].input_ids.size() != n || cut[i].labels.size() != n ||
+        !std::equal(cut[i].labels.begin(), cut[i].labels.end(), whole[i].labels.begin())) {
+      throw std::logic_error("max_tokens did not keep the example's prefix");
+    }
+  }
+}
+
+// The report's metrics (--metrics JSON Lines) and a plan --json.
+void read_metrics_and_plan(std::string_view data) {
+  (void)parse_metrics(std::string(data), "fuzz: metrics");
+  try {
+    (void)parse_plan(std::string(data), "fuzz: plan");
+  } catch (const Error&) {
+  }
+}
+
 }  // namespace
 
 std::string_view fuzz_target_name(FuzzTarget target) { return kNames[size_t(target)]; }
@@ -140,6 +168,12 @@ void run_fuzz_input(FuzzTarget target, std::span<const uint8_t> data, const fs::
         break;
       case FuzzTarget::profile:
         read_profile(bytes);
+        break;
+      case FuzzTarget::sft:
+        read_sft(bytes, scratch);
+        break;
+      case FuzzTarget::metrics:
+        read_metrics_and_plan(bytes);
         break;
     }
   } catch (const Error&) {

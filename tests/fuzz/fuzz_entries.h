@@ -23,11 +23,11 @@
 
 namespace tiermoe::fuzz {
 
-enum class FuzzTarget { safetensors, shard_index, config, tokens, peft, profile };
+enum class FuzzTarget { safetensors, shard_index, config, tokens, peft, profile, sft, metrics };
 
-inline constexpr FuzzTarget kFuzzTargets[] = {FuzzTarget::safetensors, FuzzTarget::shard_index,
-                                              FuzzTarget::config,      FuzzTarget::tokens,
-                                              FuzzTarget::peft,        FuzzTarget::profile};
+inline constexpr FuzzTarget kFuzzTargets[] = {
+    FuzzTarget::safetensors, FuzzTarget::shard_index, FuzzTarget::config, FuzzTarget::tokens,
+    FuzzTarget::peft,        FuzzTarget::profile,     FuzzTarget::sft,    FuzzTarget::metrics};
 
 // "safetensors", "shard_index", ... (the corpus folder and binary suffix).
 std::string_view fuzz_target_name(FuzzTarget target);
