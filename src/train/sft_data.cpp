@@ -1,6 +1,7 @@
 #include "tiermoe/train/sft_data.h"
 
 #include <algorithm>
+#include <numeric>
 
 #include "tiermoe/core/error.h"
 
@@ -17,27 +18,9 @@ SftData::SftData(const std::vector<SftExample>& examples, std::string source, Sf
   const int64_t L = o.seq_len;
   TIERMOE_CHECK(L >= 1, str_of("seq_len ", L, " must be >= 1"), source_,
                 "pass --seq-len of at least 1");
+  // Only the examples' tokens are stored, row after row; copy_row adds each
+  // row's padding (100,000 two-token examples padded to 2048 held 3.4 GB).
   int64_t fill = L;  // tokens used in the current row; L: no row open
-  auto open_row = [&] {
-    ++rows_;
-    const size_t n = size_t(rows_ * L);
-    ids_.resize(n, o.pad_id);
-    targets_.resize(n, kNoLoss);
-    positions_.resize(n, 0);
-    doc_start_.resize(n, 0);
-    counted_.resize(n, 0);
-    fill = 0;
-  };
-  // The padding of a row's tail: one document of its own.
-  auto close_row = [&] {
-    if (fill >= L) return;
-    const int64_t base = (rows_ - 1) * L;
-    for (int64_t t = fill; t < L; ++t) {
-      positions_[size_t(base + t)] = int32_t(t - fill);
-      doc_start_[size_t(base + t)] = int32_t(fill);
-    }
-    fill = L;
-  };
   for (const SftExample& ex : examples) {
     TIERMOE_CHECK(ex.labels.size() == ex.input_ids.size() && !ex.input_ids.empty(),
                   str_of("example of line ", ex.line, ": ", ex.input_ids.size(), " ids and ",
@@ -46,23 +29,21 @@ SftData::SftData(const std::vector<SftExample>& examples, std::string source, Sf
     const int64_t n = std::min<int64_t>(int64_t(ex.input_ids.size()), L);
     truncated_ += int64_t(ex.input_ids.size()) > L;
     if (!o.pack || fill + n > L) {
-      close_row();
-      open_row();
+      row_begin_.push_back(int64_t(ids_.size()));
+      fill = 0;
     }
-    const int64_t base = (rows_ - 1) * L + fill;
     for (int64_t t = 0; t < n; ++t) {
-      const size_t at = size_t(base + t);
-      ids_[at] = ex.input_ids[size_t(t)];
-      targets_[at] = t + 1 < n ? ex.labels[size_t(t + 1)] : kNoLoss;
-      positions_[at] = int32_t(t);
-      doc_start_[at] = int32_t(fill);
-      counted_[at] = 1;
+      ids_.push_back(ex.input_ids[size_t(t)]);
+      targets_.push_back(t + 1 < n ? ex.labels[size_t(t + 1)] : kNoLoss);
+      positions_.push_back(int32_t(t));
+      doc_start_.push_back(int32_t(fill));
     }
     fill += n;
     real_tokens_ += n;
     ++examples_;
   }
-  close_row();
+  rows_ = int64_t(row_begin_.size());
+  row_begin_.push_back(int64_t(ids_.size()));
   TIERMOE_CHECK(rows_ >= 1, "no examples", source_, "the data holds no examples");
   // Trained anyway, such data gives loss 0 and a zero gradient, yet AdamW's
   // decay still moves the weights and every checkpoint looks like progress.
@@ -95,13 +76,22 @@ int64_t SftData::num_rows(int64_t seq_len) const {
 void SftData::copy_row(TokenBatch& out, int64_t row, int64_t index) const {
   const int64_t L = options_.seq_len;
   TIERMOE_ASSERT(out.seq_len == L && row >= 0 && row < out.batch && index >= 0 && index < rows_);
-  const size_t from = size_t(index * L), to = size_t(row * L);
-  std::copy_n(ids_.begin() + from, L, out.inputs_BL.begin() + to);
-  std::copy_n(targets_.begin() + from, L, out.targets_BL.begin() + to);
-  std::copy_n(positions_.begin() + from, L, out.layout.positions_BT.begin() + to);
-  // Starts index the row, so they move with it unchanged.
-  std::copy_n(doc_start_.begin() + from, L, out.layout.doc_start_BT.begin() + to);
-  std::copy_n(counted_.begin() + from, L, out.layout.counted_BT.begin() + to);
+  const int64_t from = row_begin_[size_t(index)], n = row_begin_[size_t(index) + 1] - from;
+  const size_t to = size_t(row * L), pad = size_t(L - n);
+  const auto copy = [&](const std::vector<int32_t>& src, std::vector<int32_t>& dst, int32_t fill) {
+    std::copy_n(src.begin() + from, n, dst.begin() + to);
+    std::fill_n(dst.begin() + to + size_t(n), pad, fill);
+  };
+  copy(ids_, out.inputs_BL, options_.pad_id);
+  copy(targets_, out.targets_BL, kNoLoss);
+  // Starts index the row, so they move with it unchanged. The tail's
+  // padding is one document of its own, so nothing real attends to it.
+  copy(doc_start_, out.layout.doc_start_BT, int32_t(n));
+  std::copy_n(positions_.begin() + from, n, out.layout.positions_BT.begin() + to);
+  std::iota(out.layout.positions_BT.begin() + to + size_t(n),
+            out.layout.positions_BT.begin() + to + size_t(L), 0);
+  std::fill_n(out.layout.counted_BT.begin() + to, n, uint8_t(1));
+  std::fill_n(out.layout.counted_BT.begin() + to + size_t(n), pad, uint8_t(0));
 }
 
 std::string SftData::summary() const {

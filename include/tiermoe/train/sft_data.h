@@ -48,7 +48,8 @@ class SftData final : public RowSource {
   int64_t num_examples() const { return examples_; }
   int64_t truncated() const { return truncated_; }  // examples cut to seq_len
   int64_t counted_targets() const;                  // targets != -100 over all rows
-  // The input ids and targets of every row, for checks against the vocabulary.
+  // The examples' input ids and targets (padding aside), for checks against
+  // the vocabulary.
   const std::vector<int32_t>& ids() const { return ids_; }
   const std::vector<int32_t>& targets() const { return targets_; }
 
@@ -56,9 +57,10 @@ class SftData final : public RowSource {
   std::string source_;
   SftOptions options_;
   int64_t rows_ = 0, examples_ = 0, truncated_ = 0, real_tokens_ = 0;
-  // rows_ x seq_len each
+  // The examples' tokens, row after row, without padding (copy_row adds it);
+  // row r holds [row_begin_[r], row_begin_[r + 1]).
   std::vector<int32_t> ids_, targets_, positions_, doc_start_;
-  std::vector<uint8_t> counted_;
+  std::vector<int64_t> row_begin_;
 };
 
 }  // namespace tiermoe
