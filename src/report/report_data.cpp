@@ -8,7 +8,6 @@
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/tier/routing_profile.h"
-#include "tiermoe/train/checkpoint.h"
 
 namespace tiermoe {
 
@@ -269,16 +268,6 @@ PlanSeries parse_plan(const std::string& text, const std::string& where) {
 
 PlanSeries read_plan(const std::string& path) {
   return parse_plan(read_text(path, "plan file", "save what tiermoe plan --json prints"), path);
-}
-
-std::string run_dir_metrics(const std::string& dir) {
-  return (fs::path(dir) / "metrics.jsonl").string();
-}
-
-std::string run_dir_profile(const std::string& dir) {
-  if (!has_checkpoints(dir)) return {};
-  const fs::path p = fs::path(resolve_checkpoint(dir)) / kRoutingProfileFile;
-  return fs::exists(p) ? p.string() : std::string();
 }
 
 }  // namespace tiermoe

@@ -2,10 +2,22 @@
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/report/html_report.h"
+#include "tiermoe/report/report_data.h"
+#include "tiermoe/train/checkpoint.h"
 
 namespace tiermoe {
 
 namespace fs = std::filesystem;
+
+std::string run_dir_metrics(const std::string& dir) {
+  return (fs::path(dir) / "metrics.jsonl").string();
+}
+
+std::string run_dir_profile(const std::string& dir) {
+  if (!has_checkpoints(dir)) return {};
+  const fs::path p = fs::path(resolve_checkpoint(dir)) / kRoutingProfileFile;
+  return fs::exists(p) ? p.string() : std::string();
+}
 
 ReportSources report_sources_for(const std::string& path) {
   ReportSources s;
