@@ -97,7 +97,9 @@ CheckpointTensors CheckpointTensors::open(const std::string& dir) {
   const fs::path index_path = fs::path(dir) / kIndexFile;
   const fs::path single_path = fs::path(dir) / kSingleFile;
 
-  if (!fs::exists(index_path, ec)) {
+  // transformers' order: model.safetensors when it is there, even beside
+  // an index (from_pretrained looks for it first), else the index.
+  if (fs::exists(single_path, ec) || !fs::exists(index_path, ec)) {
     TIERMOE_CHECK(fs::exists(single_path, ec),
                   std::string("no ") + kSingleFile + " or " + kIndexFile + " in the directory",
                   dir, "pass a Hugging Face checkpoint directory, or a .safetensors file");
@@ -113,9 +115,13 @@ CheckpointTensors CheckpointTensors::open(const std::string& dir) {
   std::map<std::string, size_t> file_index;  // shard name -> index in files_
   for (const std::string& shard : shards) {
     fs::path shard_path = fs::path(dir) / shard;
-    TIERMOE_CHECK(fs::is_regular_file(shard_path, ec),
+    TIERMOE_CHECK(fs::exists(shard_path, ec),
                   "shard \"" + detail::printable(shard) + "\" listed in the index does not exist",
                   where, "the checkpoint is incomplete; re-download the missing shard");
+    // A link to /dev/zero or to a directory: say what stands there.
+    require_regular_file(shard_path.string(),
+                         "shard \"" + detail::printable(shard) + "\" listed in " + where,
+                         "a shard is a .safetensors file; re-download it");
     file_index[shard] = ckpt.files_.size();
     ckpt.files_.push_back(SafetensorsFile::open(shard_path.string()));
   }

@@ -189,6 +189,31 @@ TEST(SafetensorsCheckpoint, ATensorInTwoShardsIsAnError) {
                                 {"'x'", "two shards", "a.safetensors", "b.safetensors"}));
 }
 
+// transformers loads model.safetensors first when an index lies beside it;
+// TierMoE read the index.
+TEST(SafetensorsCheckpoint, ASingleFileBesideAnIndexWinsAsInTransformers) {
+  TempDir tmp;
+  save_safetensors(tmp.file("a.safetensors"), {{"x", Tensor::from_values({1}, DType::f32, {1})}});
+  write_json(tmp.file("model.safetensors.index.json"), {{"weight_map", {{"x", "a.safetensors"}}}});
+  save_safetensors(tmp.file("model.safetensors"),
+                   {{"x", Tensor::from_values({1}, DType::f32, {2})}});
+  CheckpointTensors ck = CheckpointTensors::open(tmp.path());
+  EXPECT_EQ(ck.load("x", DType::f32).get(0), 2.0);
+}
+
+// A shard linked to /dev/zero or to a directory says what stands there.
+TEST(SafetensorsCheckpoint, AShardThatIsNoFileSaysWhatItIs) {
+  TempDir tmp;
+  write_json(tmp.file("model.safetensors.index.json"), {{"weight_map", {{"x", "a.safetensors"}}}});
+  fs::create_symlink("/dev/zero", tmp.file("a.safetensors"));
+  EXPECT_TRUE(throws_error_with([&] { CheckpointTensors::open(tmp.path()); },
+                                {"\"a.safetensors\" listed in", "character device"}));
+  fs::remove(tmp.file("a.safetensors"));
+  fs::create_directories(tmp.file("a.safetensors"));
+  EXPECT_TRUE(throws_error_with([&] { CheckpointTensors::open(tmp.path()); },
+                                {"\"a.safetensors\" listed in", "directory"}));
+}
+
 TEST(SafetensorsCheckpoint, MissingOrEmptyDirectoryIsAClearError) {
   TempDir tmp;
   EXPECT_TRUE(throws_error_with([&] { CheckpointTensors::open(tmp.path()); },
