@@ -16,12 +16,6 @@ namespace {
 namespace fs = std::filesystem;
 using detail::str_of;
 
-std::string real_path(const std::string& path) {
-  std::error_code ec;
-  const fs::path p = fs::weakly_canonical(fs::absolute(path), ec);
-  return ec ? fs::absolute(path).lexically_normal().string() : p.string();
-}
-
 // The checkpoint directory `real` lies in, or "" when none: the nearest
 // ancestor holding a trainer_state.json, or a run's checkpoint-N/, final/ or
 // adapter/ (which need not exist yet).

@@ -153,11 +153,15 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
                 "pass --full for full fine-tuning, or --lora-rank R for adapters, not both");
   if (lora) {
     LoraConfig l;
-    const bool shape_given = given(cmd, "--lora-rank") || given(cmd, "--lora-alpha") ||
-                             given(cmd, "--lora-targets") || given(cmd, "--rslora");
-    if (!f.lora_init.empty() && !shape_given) {
-      // The adapter's own config, as PEFT's from_pretrained reads it.
+    if (!f.lora_init.empty()) {
+      // The adapter's own config, as PEFT's from_pretrained reads it; each
+      // flag given replaces its field (--lora-alpha 16 alone keeps the
+      // adapter's rank, not the default 8).
       l = from_peft_config(load_peft_adapter(f.lora_init).config, f.lora_init);
+      if (given(cmd, "--lora-rank")) l.rank = f.lora_rank;
+      if (given(cmd, "--lora-alpha")) l.alpha = f.lora_alpha;
+      if (given(cmd, "--rslora")) l.rslora = f.rslora;
+      if (!f.lora_targets.empty()) l.targets = parse_lora_targets(f.lora_targets);
     } else {
       l.rank = f.lora_rank;
       l.alpha = given(cmd, "--lora-alpha") ? f.lora_alpha : double(f.lora_rank);
@@ -173,6 +177,11 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
                   "give the device tier a positive budget, e.g. --device-memory 2GiB");
   }
   c.tier.replan = !f.no_replan;
+  // trainer_state.json records the files by absolute real path, so a resume
+  // from another directory, or naming them another way, finds them the same.
+  for (std::string* p : {&c.model_dir, &c.data_file, &c.lora_init, &c.tier.profile_in}) {
+    if (!p->empty()) *p = real_path(*p);
+  }
   return c;
 }
 

@@ -175,4 +175,11 @@ void write_all(int fd, const void* data, size_t bytes, const std::string& path) 
   }
 }
 
+std::string real_path(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p =
+      std::filesystem::weakly_canonical(std::filesystem::absolute(path), ec);
+  return ec ? std::filesystem::absolute(path).lexically_normal().string() : p.string();
+}
+
 }  // namespace tiermoe

@@ -1,8 +1,9 @@
-// tiermoe train stopped by a signal: the first SIGINT, SIGTERM or SIGHUP
+// tiermoe train stopped and resumed: the first SIGINT, SIGTERM or SIGHUP
 // finishes the step in progress, saves a checkpoint, says where it went and
 // exits 128 + the signal (the resumed run ends where an uninterrupted one
 // does); without --out it says nothing was saved; a second signal ends the
-// process at once.
+// process at once. A run started with relative paths resumes from another
+// working directory, and with the same files named by absolute paths.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -10,6 +11,7 @@
 #include <set>
 
 #include "cli/cli_fixture.h"
+#include "tiermoe/io/tokens.h"
 
 namespace tiermoe {
 namespace {
@@ -84,6 +86,31 @@ TEST_F(CliSignals, TheSecondSignalEndsTheRunAtOnce) {
   ASSERT_TRUE(WIFSIGNALED(status)) << slurp(log);
   EXPECT_EQ(WTERMSIG(status), SIGINT);
   EXPECT_FALSE(fs::exists(out / "checkpoint-2"));
+}
+
+TEST_F(CliSignals, ARunStartedWithRelativePathsResumesFromAnywhere) {
+  init("m", {"--layers", "1"});
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 5) % 256);
+  write_npy_tokens(path("d.npy").string(), tokens, TokenDType::i32);
+  const auto run_in = [&](const fs::path& cwd, const std::vector<std::string>& args) {
+    std::string cmd = "cd '" + cwd.string() + "' && '" + TIERMOE_CLI_PATH + "'";
+    for (const auto& a : args) cmd += " '" + a + "'";
+    cmd += " 2>'" + path("stderr").string() + "' >/dev/null";
+    const int status = std::system(cmd.c_str());
+    return std::make_pair(WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(path("stderr")));
+  };
+  const auto [rc, err] =
+      run_in(dir_, {"train", "--model", "m", "--data", "d.npy", "--lora-rank", "2", "--batch", "2",
+                    "--seq-len", "16", "--steps", "4", "--stop-after", "2", "--out", "o"});
+  ASSERT_EQ(rc, 0) << err;
+  const std::string ckpt = path("o/checkpoint-2").string();
+  const auto [rc2, err2] = run_in("/", {"train", "--resume", ckpt, "--stop-after", "3"});
+  EXPECT_EQ(rc2, 0) << err2;
+  const auto [rc3, err3] =
+      run_in("/", {"train", "--resume", ckpt, "--model", path("m").string() + "/", "--data",
+                   path("d.npy").string()});
+  EXPECT_EQ(rc3, 0) << err3;
 }
 
 }  // namespace

@@ -124,6 +124,26 @@ TEST_F(CliTrain, LoraExportsAPeftAdapterAndResumes) {
             slurp(path("a") / "adapter" / "adapter_model.safetensors"));
 }
 
+// --lora-init takes the adapter's config; a flag given replaces only its
+// own field, and one that disagrees with the adapter is refused naming that
+// field (--lora-alpha alone was refused as "adapter r 4 differs from the
+// enabled LoRA rank 8", the default rank no one gave).
+TEST_F(CliTrain, LoraInitWithOnlyAlphaKeepsTheAdaptersRank) {
+  RunResult a = run(quick({"--steps", "1", "--lora-rank", "4", "--out", path("a").string()}));
+  ASSERT_EQ(a.rc, 0) << a.err;
+  const std::string adapter = (path("a") / "adapter").string();
+  RunResult same = run(quick({"--steps", "1", "--lora-init", adapter, "--lora-alpha", "4"}));
+  EXPECT_EQ(same.rc, 0) << same.err;
+  EXPECT_TRUE(contains(same.err, "rank 4, alpha 4")) << same.err;
+  RunResult b = run(quick({"--steps", "1", "--lora-init", adapter, "--lora-alpha", "16"}));
+  EXPECT_EQ(b.rc, 1) << b.err;
+  EXPECT_TRUE(contains(b.err, "adapter lora_alpha 4 differs from the enabled 16")) << b.err;
+  EXPECT_FALSE(contains(b.err, "rank 8")) << b.err;
+  RunResult c = run(quick({"--steps", "1", "--lora-init", adapter, "--lora-rank", "8"}));
+  EXPECT_EQ(c.rc, 1) << c.err;
+  EXPECT_TRUE(contains(c.err, "adapter r 4 differs from the enabled LoRA rank 8")) << c.err;
+}
+
 TEST_F(CliTrain, NanWeightStopsWithTheLayerNamedAndTheCheckpointIntact) {
   RunResult first = run(quick({"--steps", "4", "--stop-after", "2", "--out", path("o").string()}));
   ASSERT_EQ(first.rc, 0) << first.err;

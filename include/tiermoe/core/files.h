@@ -58,4 +58,8 @@ int create_replacing(const std::string& path);
 // naming `path` when the disk is full or the write fails.
 void write_all(int fd, const void* data, size_t bytes, const std::string& path);
 
+// `path` absolute, with links resolved as far as it exists and "." and ".."
+// gone: how two names of one file compare equal.
+std::string real_path(const std::string& path);
+
 }  // namespace tiermoe
