@@ -85,6 +85,57 @@ TEST_F(Cli, APlanAloneIsReportedWithItsPlacement) {
   EXPECT_EQ(count_of(html, "class=\"res\""), size_t(resident));  // one outline per resident expert
 }
 
+// A profile or plan of another model than the run's is refused, naming it
+// (the report drew the mismatched heatmap where plan and train refuse it),
+// and so is a plan whose shape differs from the profile's.
+TEST_F(Cli, AProfileOrPlanOfAnotherModelIsRefused) {
+  const fs::path run_dir = path("run");
+  ASSERT_EQ(run(train_args(run_dir, {"--save-every", "3", "--metrics",
+                                     (run_dir / "metrics.jsonl").string()}))
+                .rc,
+            0);
+  const std::string other = path("other.json").string(), plan = path("plan.json").string();
+  RunResult r = run({"plan",
+                     "--preset",
+                     "qwen3-30b-a3b",
+                     "--layers",
+                     "4",
+                     "--synthetic-zipf",
+                     "1",
+                     "--tokens",
+                     "64",
+                     "--device-memory",
+                     "1GB",
+                     "--host-tflops",
+                     "0.1",
+                     "--device-tflops",
+                     "1",
+                     "--link-gbps",
+                     "10",
+                     "--launch-us",
+                     "5",
+                     "--save-profile",
+                     other,
+                     "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  std::ofstream(plan) << r.out;
+  for (const auto& [flag, file] : {std::pair{"--profile", other}, std::pair{"--plan", plan}}) {
+    r = run({"report", run_dir.string(), flag, file, "--out", path("x.html").string()});
+    EXPECT_EQ(r.rc, 1) << r.err;
+    EXPECT_TRUE(contains(r.err, "its load is 4 MoE layers x 128 experts; the run's model"))
+        << r.err;
+    EXPECT_TRUE(contains(r.err, "[" + file + "]")) << r.err;
+    EXPECT_FALSE(fs::exists(path("x.html")));
+  }
+  // The run's own profile beside a plan of its own shape is drawn.
+  r = run({"plan", "--preset", "tiny", "--synthetic-zipf", "1", "--tokens", "64", "--device-memory",
+           "700KB", "--host-tflops", "0.1", "--device-tflops", "1", "--link-gbps", "10",
+           "--launch-us", "5", "--json"});
+  std::ofstream(plan) << r.out;
+  r = run({"report", run_dir.string(), "--plan", plan, "--out", path("x.html").string()});
+  EXPECT_EQ(r.rc, 0) << r.err;
+}
+
 TEST_F(Cli, WhatCannotBeReportedIsAClearError) {
   RunResult r = run({"report", path("nowhere").string(), "--out", path("x.html").string()});
   EXPECT_EQ(r.rc, 1);

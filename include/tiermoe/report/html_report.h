@@ -42,13 +42,17 @@ struct ReportSources {
   std::string metrics;  // train --metrics JSONL
   std::string profile;  // a routing profile (default for a run dir: its latest checkpoint's)
   std::string plan;     // what tiermoe plan --json printed
+  // The run's model (a run dir's latest checkpoint's config.json): the
+  // profile's and the plan's layers x experts must be its own.
+  std::string model_config;
 };
 // RUN_DIR_OR_METRICS as `tiermoe report` takes it: a directory is a train
 // --out directory (DIR/metrics.jsonl, the latest checkpoint's profile), a
 // file is the metrics themselves.
 ReportSources report_sources_for(const std::string& run_dir_or_metrics);
 // Reads every source given. The run's load map pairs the profile with the
-// experts the metrics' last step had resident.
+// experts the metrics' last step had resident. A profile or plan of another
+// shape than the run's model (or than each other) is an Error naming it.
 ReportInputs load_report_inputs(const ReportSources& sources);
 
 std::string render_report_html(const ReportInputs& in);
