@@ -196,6 +196,12 @@ void CausalLM::load_lora_adapter(const std::string& dir) {
                     str_of(kPeftKeyPrefix, path, suffix, " is ", got->str(), ", the model's is ",
                            want->str()),
                     weights_file, hint);
+      // Loaded as it is, it would surface steps later as "training diverged".
+      const int64_t bad = first_non_finite(*got);
+      TIERMOE_CHECK(bad < 0,
+                    str_of(kPeftKeyPrefix, path, suffix, " holds ", bad < 0 ? 0.0 : got->get(bad),
+                           " (element ", bad, ")"),
+                    weights_file, "the adapter is damaged; load an earlier one");
     }
   }
   for (const LoraModule& m : modules) {

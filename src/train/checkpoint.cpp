@@ -497,6 +497,20 @@ TrainCheckpoint read_train_checkpoint(const std::string& dir) {
     std::sort(files.begin(), files.end());
     TIERMOE_CHECK(!files.empty(), "no optimizer state (optimizer.safetensors)", dir,
                   "the checkpoint is incomplete");
+    // Every rank's shard, of one count: a missing one is named, not read as
+    // state tensors "saved by a different optimizer".
+    const int ranks = std::stoi(files[0].filename().string().substr(19, 5));
+    for (int r = 0; r < ranks; ++r) {
+      const std::string name = optimizer_shard_name(r, ranks);
+      TIERMOE_CHECK(fs::exists(fs::path(dir) / name),
+                    str_of("optimizer state shard ", name, " is missing"), dir,
+                    "the checkpoint is incomplete (every rank of the run writes one); resume from "
+                    "an earlier checkpoint or copy the missing file back");
+    }
+    TIERMOE_CHECK(int(files.size()) == ranks,
+                  str_of("optimizer state shards of more than one run (", files.size(),
+                         " files, the first one of ", ranks, ")"),
+                  dir, "remove the shards that do not belong to this checkpoint");
   }
   for (const fs::path& file : files) {
     const SafetensorsFile f = SafetensorsFile::open(file.string());

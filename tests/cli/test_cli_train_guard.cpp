@@ -52,6 +52,34 @@ RunResult run_on_a_full_disk(const std::vector<std::string>& args) {
 
 using CliTrainGuard = Cli;
 
+// A NaN in an adapter is named with its file and tensor when it is loaded,
+// not found steps later as "training diverged".
+TEST_F(CliTrainGuard, ANanInALoraInitAdapterIsNamedAtLoad) {
+  ASSERT_EQ(run(quick({"--steps", "1", "--lora-rank", "2", "--out", path("a").string()})).rc, 0);
+  const fs::path weights = path("a") / "adapter" / "adapter_model.safetensors";
+  NamedTensors tensors;
+  {
+    const SafetensorsFile f = SafetensorsFile::open(weights.string());
+    for (const SafetensorsEntry& e : f.entries()) {
+      tensors.emplace_back(e.name, f.load(e.name, f.view(e.name).dtype()));
+    }
+  }
+  std::string poisoned;
+  for (auto& [name, t] : tensors) {
+    if (poisoned.empty() && name.ends_with("q_proj.lora_A.weight")) {
+      t.set(3, std::nan(""));
+      poisoned = name;
+    }
+  }
+  ASSERT_FALSE(poisoned.empty());
+  save_safetensors(weights.string(), tensors);
+  const RunResult r = run(quick({"--steps", "2", "--lora-init", (path("a") / "adapter").string()}));
+  EXPECT_EQ(r.rc, 1) << r.err;
+  EXPECT_TRUE(contains(r.err, poisoned + " holds nan (element 3)")) << r.err;
+  EXPECT_TRUE(contains(r.err, weights.string())) << r.err;
+  EXPECT_FALSE(contains(r.err, "step 1/")) << r.err;
+}
+
 TEST_F(CliTrainGuard, ResumingANanOptimizerStateWritesNoCheckpoint) {
   const fs::path out = path("o");
   ASSERT_EQ(run(quick({"--steps", "6", "--stop-after", "2", "--out", out.string()})).rc, 0);

@@ -169,6 +169,21 @@ TEST_F(EpCli, ASignalOnOneRankStopsEveryRankAtTheSameStep) {
   EXPECT_FALSE(fs::exists(out / "checkpoint-4")) << r.err;
 }
 
+// A rank's missing optimizer shard is named on resume (it was reported as
+// state "saved by a different optimizer").
+TEST_F(EpCli, AMissingOptimizerShardIsNamedOnResume) {
+  const fs::path out = path("o");
+  ASSERT_EQ(run_ranks(2, tiny({"--ep", "2", "--out", out.string(), "--stop-after", "2"})).rc, 0);
+  fs::remove(out / "checkpoint-2" / "optimizer-00002-of-00002.safetensors");
+  RunResult r = run_ranks(2, {"train", "--resume", (out / "checkpoint-2").string(), "--ep", "2"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(contains(r.err,
+                       "optimizer state shard optimizer-00002-of-00002.safetensors is "
+                       "missing"))
+      << r.err;
+  EXPECT_FALSE(contains(r.err, "different optimizer")) << r.err;
+}
+
 // Only rank 0 takes the --out lock; when it cannot, the whole job stops
 // before any step, with rank 0's message naming the holder.
 TEST_F(EpCli, ALockedOutStopsTheJobBeforeAnyStep) {
