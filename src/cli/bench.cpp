@@ -171,15 +171,16 @@ void add_bench_command(CLI::App& app) {
   moe->add_option("--absorb-scores", o->absorb, "auto | on | off")->capture_default_str();
   moe->add_option("--iters", o->iters, "Timed iterations (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1, kMaxCount));
   moe->add_option("--warmup", o->warmup, "Untimed iterations first")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->check(count_in(0, kMaxCount));
   moe->add_option("--threads", o->threads, "Threads (0: all cores)")
       ->capture_default_str()
       ->check(count_in(0, max_threads(), "4 x the cores: more only oversubscribe them"));
   moe->add_option("--zipf", o->zipf, "Routing skew: Zipf exponent of the expert prior (0: none)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0, 100, "0 is uniform routing; about 1 is a typical skew"));
   moe->add_option("--seed", o->seed, "Random seed")->capture_default_str();
   moe->add_flag("--json", o->json, "Print one JSON object on stdout");
   moe->add_option("--ep", o->ep,

@@ -66,14 +66,14 @@ void add_bench_expert_kernels(CLI::App* bench) {
   k->add_option("--dtype", o->dtype, "bf16 or f32")->capture_default_str();
   k->add_option("--rows", o->rows, "Rows per expert, one case each")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1, kMaxCount));
   k->add_option("--max-rows", o->max_rows,
                 "Fewer experts per case so that it holds at most this many rows")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1, kMaxCount));
   k->add_option("--iters", o->iters, "Timed calls per kernel (the median is reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(count_in(1, kMaxCount));
   k->add_option("--threads", o->threads, "Threads (0: all cores)")
       ->capture_default_str()
       ->check(count_in(0, max_threads(), "4 x the cores: more only oversubscribe them"));

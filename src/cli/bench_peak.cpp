@@ -56,7 +56,7 @@ void add_bench_peak(CLI::App* bench) {
       ->check(count_in(0, max_threads(), "4 x the cores: more only oversubscribe them"));
   p->add_option("--seconds", o->seconds, "Seconds of each measurement")
       ->capture_default_str()
-      ->check(CLI::Range(0.01, 60.0));
+      ->check(number_in(0.01, 60, "seconds"));
   p->add_flag("--json", o->json, "Print one JSON object on stdout");
   p->callback([o] { run_bench_peak(*o); });
 }

@@ -344,16 +344,16 @@ void add_plan_command(CLI::App& app) {
       ->check(count_in(1, kMaxCount));
   CLI::Option* host =
       cmd->add_option("--host-tflops", o->host_tflops, "Host expert TFLOP/s (default: measured)")
-          ->check(CLI::PositiveNumber);
+          ->check(number_in(1e-9, 1e9, "TFLOP/s"));
   CLI::Option* device = cmd->add_option("--device-tflops", o->device_tflops,
                                         "Device expert TFLOP/s (default: a CPU device, measured)")
-                            ->check(CLI::PositiveNumber);
+                            ->check(number_in(1e-9, 1e9, "TFLOP/s"));
   CLI::Option* link =
       cmd->add_option("--link-gbps", o->link_gbps, "Host-device link, GB/s (10^9 bytes/s) each way")
-          ->check(CLI::PositiveNumber);
+          ->check(number_in(1e-9, 1e9, "GB/s"));
   CLI::Option* launch = cmd->add_option("--launch-us", o->launch_us,
                                         "Fixed cost of one device graph launch, microseconds")
-                            ->check(CLI::NonNegativeNumber);
+                            ->check(number_in(0, 1e9, "microseconds"));
   cmd->add_flag("--json", o->json, "Print one JSON object on the last stdout line");
   cmd->callback([=] {
     o->synthetic = zipf->count() > 0;

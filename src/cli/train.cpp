@@ -435,7 +435,8 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--weight-decay", f->weight_decay,
                   "Decoupled (AdamW) or coupled (SGD) weight decay; norms and biases exempt")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(number_in(0, HUGE_VAL, "a decay rate"));
   cmd->add_option("--adam-beta1", t.adamw.beta1)->capture_default_str();
   cmd->add_option("--adam-beta2", t.adamw.beta2)->capture_default_str();
   cmd->add_option("--adam-eps", t.adamw.eps)->capture_default_str();

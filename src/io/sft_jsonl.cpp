@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <streambuf>
+#include <string_view>
 
 #include "safetensors_common.h"
 #include "tiermoe/core/error.h"
@@ -194,6 +195,15 @@ class JsonLines : public std::streambuf {
  public:
   explicit JsonLines(const std::string& path) : path_(path), in_(path, std::ios::binary) {
     TIERMOE_CHECK(in_.good(), "cannot open the SFT data file", path, "check the path");
+    // A token array under a .jsonl name would fail as "not valid JSON".
+    char head[6] = {};
+    in_.read(head, sizeof head);
+    TIERMOE_CHECK(std::string_view(head, size_t(in_.gcount())) != "\x93NUMPY",
+                  "the file holds a NumPy .npy array, not JSON Lines (its name ends in .json or "
+                  ".jsonl)",
+                  path, "rename it to .npy: --data reads token arrays by their content");
+    in_.clear();
+    in_.seekg(0);
   }
 
   // Moves to the next line that is not blank; false at the end of the file.

@@ -542,11 +542,12 @@ OptimizerState optimizer_state_for(const OptimizerState& all, const CausalLM& mo
   return out;
 }
 
-RoutingProfile profile_for(const RoutingProfile& all, const CausalLM& model) {
+RoutingProfile profile_for(const RoutingProfile& all, const CausalLM& model,
+                           const std::string& source) {
   TIERMOE_CHECK(all.experts() == model.config().num_experts,
                 str_of("the routing profile has ", all.experts(), " experts per layer, the model ",
                        model.config().num_experts),
-                kRoutingProfileFile, "the profile is of another model");
+                source, "the profile is of another model");
   if (model.ep_ranks() == 1) return all;
   return all.experts_slice(model.first_expert(), model.local_experts());
 }

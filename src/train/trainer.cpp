@@ -34,12 +34,18 @@ void TrainerOptions::validate() const {
                 "pass 0 to disable clipping");
   TIERMOE_CHECK(std::isfinite(schedule.base_lr) && schedule.base_lr > 0,
                 str_of("--lr ", schedule.base_lr, " must be positive"), "--lr", "");
-  TIERMOE_CHECK(adamw.weight_decay >= 0 && sgd.weight_decay >= 0, "weight decay must be >= 0",
-                "--weight-decay", "");
+  TIERMOE_CHECK(std::isfinite(adamw.weight_decay) && adamw.weight_decay >= 0 &&
+                    std::isfinite(sgd.weight_decay) && sgd.weight_decay >= 0,
+                "weight decay must be finite and >= 0", "--weight-decay",
+                "HF's default is 0; 0.01 to 0.1 is usual");
   TIERMOE_CHECK(adamw.beta1 >= 0 && adamw.beta1 < 1 && adamw.beta2 >= 0 && adamw.beta2 < 1,
                 str_of("AdamW betas (", adamw.beta1, ", ", adamw.beta2, ") must lie in [0, 1)"),
                 "--adam-beta1/--adam-beta2", "HF's defaults are 0.9 and 0.999");
-  TIERMOE_CHECK(adamw.eps > 0, "--adam-eps must be positive", "--adam-eps", "HF's default is 1e-8");
+  TIERMOE_CHECK(std::isfinite(adamw.eps) && adamw.eps > 0, "--adam-eps must be positive and finite",
+                "--adam-eps", "HF's default is 1e-8");
+  TIERMOE_CHECK(std::isfinite(sgd.momentum) && sgd.momentum >= 0 && sgd.momentum < 1,
+                str_of("--momentum ", sgd.momentum, " must lie in [0, 1)"), "--momentum",
+                "0.9 is usual");
   TIERMOE_CHECK(ranks >= 1 && grad_accum % ranks == 0,
                 str_of("--grad-accum ", grad_accum, " is not a multiple of the ", ranks, " ranks"),
                 "--grad-accum",

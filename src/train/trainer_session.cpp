@@ -230,9 +230,11 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
     // Profiles on disk cover every expert; this rank's tier takes its own.
     std::optional<RoutingProfile> profile;
     if (ck && ck->profile) {
-      profile = profile_for(*ck->profile, model);
+      profile =
+          profile_for(*ck->profile, model, (fs::path(ck->dir) / kRoutingProfileFile).string());
     } else if (!config.tier.profile_in.empty()) {
-      profile = profile_for(RoutingProfile::load(config.tier.profile_in), model);
+      profile =
+          profile_for(RoutingProfile::load(config.tier.profile_in), model, config.tier.profile_in);
     }
     tier = std::make_unique<TierSession>(config.tier, model, !config.lora, log, profile,
                                          control.progress_tty);

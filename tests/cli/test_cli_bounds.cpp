@@ -11,6 +11,7 @@
 #include <regex>
 
 #include "cli_fixture.h"
+#include "tiermoe/io/tokens.h"
 
 namespace tiermoe {
 namespace {
@@ -192,6 +193,56 @@ TEST_F(CliBounds, ProfilesClaimingAbsurdRowCountsAreRefused) {
     expect_refused({"plan", "--preset", "tiny", "--profile", profile, "--device-memory", "1MB"}, 1,
                    {"layer 0 expert 7 has", "rows", profile});
   }
+}
+
+// Each message names the flag or file it is about, with a readable bound
+// (CLI11's ranges printed DBL_MAX's 309 digits; --zipf nan surfaced as a
+// router logit, --weight-decay 1e400 as a NaN embedding; a profile-in's
+// mismatch named routing_profile.json; a .npy named x.jsonl got a JSON hint).
+TEST_F(CliBounds, MessagesNameTheFlagOrFileWithReadableBounds) {
+  const std::regex long_number("[0-9]{20}");
+  const auto refused = [&](const std::vector<std::string>& args, int rc,
+                           const std::vector<std::string>& needles) {
+    expect_refused(args, rc, needles);
+    EXPECT_FALSE(std::regex_search(slurp(path("stderr")), long_number)) << slurp(path("stderr"));
+  };
+  refused({"plan", "--preset", "tiny", "--synthetic-zipf", "1", "--tokens", "64", "--device-memory",
+           "1MB", "--host-tflops", "1e999"},
+          2, {"--host-tflops", "1e+09"});
+  refused({"bench", "moe-layer", "--preset", "tiny", "--zipf", "nan"}, 2, {"--zipf"});
+  refused(quick_train({"--weight-decay", "1e400"}), 2, {"--weight-decay"});
+  refused(quick_train({"--momentum", "1.5", "--optimizer", "sgd"}), 1, {"--momentum"});
+
+  const std::string wrong = path("wrong.json").string();
+  const RunResult p = run_timed({"plan",
+                                 "--preset",
+                                 "qwen3-30b-a3b",
+                                 "--layers",
+                                 "2",
+                                 "--synthetic-zipf",
+                                 "1",
+                                 "--tokens",
+                                 "64",
+                                 "--device-memory",
+                                 "1GB",
+                                 "--host-tflops",
+                                 "1",
+                                 "--device-tflops",
+                                 "1",
+                                 "--link-gbps",
+                                 "1",
+                                 "--launch-us",
+                                 "1",
+                                 "--save-profile",
+                                 wrong});
+  ASSERT_EQ(p.rc, 0) << p.err;
+  refused(quick_train({"--device", "cpu", "--device-memory", "8MiB", "--profile-in", wrong}), 1,
+          {"128 experts per layer", "[" + wrong + "]"});
+
+  std::vector<int32_t> tokens(100, 1);
+  write_npy_tokens(path("x.jsonl").string(), tokens, TokenDType::i32);
+  refused(quick_train({"--data", path("x.jsonl").string()}), 1,
+          {"a NumPy .npy array, not JSON Lines", "rename it to .npy"});
 }
 
 TEST_F(CliBounds, VocabularyOverflowIsNamed) {

@@ -95,8 +95,10 @@ CausalLM resume_model(const TrainCheckpoint& ckpt, Comm* comm = nullptr, Progres
 // The optimizer state of the parameters `model` holds: other ranks' experts'
 // entries are dropped (the optimizer then checks the rest strictly).
 OptimizerState optimizer_state_for(const OptimizerState& all, const CausalLM& model);
-// The routing profile of `model`'s experts (a slice under expert parallelism).
-RoutingProfile profile_for(const RoutingProfile& all, const CausalLM& model);
+// The routing profile of `model`'s experts (a slice under expert parallelism);
+// `source` (its file) names it in errors.
+RoutingProfile profile_for(const RoutingProfile& all, const CausalLM& model,
+                           const std::string& source);
 
 // Exports the end of a run: the PEFT adapter (LoRA) or the full model, into
 // `dir`, atomically.
