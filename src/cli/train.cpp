@@ -255,6 +255,46 @@ std::function<void(int64_t)> fault_hook(const std::string& spec, int rank) {
   };
 }
 
+// Each of P ranks runs grad_accum / P micro-batches of --batch rows a step.
+// A fresh run that left --grad-accum out splits one process's step over the
+// ranks (B rows: P micro-batches of B / P, the same rows in the same order),
+// or, when B does not divide, runs one micro-batch a rank (a step of P x B
+// rows), and says so. A resume keeps its checkpoint's accumulation, so the
+// ranks must divide it; --grad-accum cannot change on resume, so the hint is
+// the rank count.
+void fit_batch_to_ranks(TrainConfig& config, int ranks, const TrainFlags& f, const CLI::App& cmd,
+                        bool log) {
+  TrainerOptions& t = config.trainer;
+  if (ranks == 1 || t.grad_accum % ranks == 0) return;
+  if (!f.resume.empty()) {
+    std::string divisors;
+    for (int64_t d = 1; d <= t.grad_accum; ++d) {
+      if (t.grad_accum % d == 0) divisors += (divisors.empty() ? "" : ", ") + std::to_string(d);
+    }
+    throw Error(
+        str_of("the checkpoint's run accumulates ", t.grad_accum,
+               " micro-batch(es) a step, which the ", ranks, " ranks started do not divide"),
+        f.resume,
+        str_of("resume it under mpirun -np N with N one of ", divisors,
+               " (each rank runs grad_accum / N micro-batches)"));
+  }
+  if (given(cmd, "--grad-accum")) return;  // validate() refuses it with a hint
+  if (t.batch % ranks == 0) {
+    if (log) {
+      std::cerr << str_of("train: --grad-accum not given: the ", ranks, " ranks split each step's ",
+                          t.batch, " rows, ", t.batch / ranks, " each (as --batch ",
+                          t.batch / ranks, " --grad-accum ", ranks, ")\n");
+    }
+    t.batch /= ranks;
+  } else if (log) {
+    std::cerr << str_of("train: --grad-accum not given and --batch ", t.batch,
+                        " does not split over ", ranks,
+                        " ranks: each rank runs one micro-batch of ", t.batch, " rows, a step of ",
+                        ranks * t.batch, " rows (as --grad-accum ", ranks, ")\n");
+  }
+  t.grad_accum = ranks;
+}
+
 // No output of the run may destroy an input or another output (run_paths.h);
 // checked before loading, so a bad path fails before step 1.
 void check_run_paths(const TrainConfig& config, const RunControl& control, const TrainFlags& f) {
@@ -302,6 +342,7 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
     config = resumed_config(config, control.resume, cmd);
     config.tier = tier;
   }
+  fit_batch_to_ranks(config, ranks, f, cmd, rank == 0);
   if (rank == 0) std::cerr << mode_line(config, f, !f.resume.empty()) << "\n";
   control.comm = mpi;
   control.log = rank == 0 ? &std::cerr : nullptr;

@@ -82,6 +82,56 @@ TEST_F(EpCli, TwoRanksTrainTheOneRankModel) {
   EXPECT_EQ(count(metrics, "\"alltoall_bytes\""), 4);
 }
 
+// Without --grad-accum the ranks split one process's step: --batch 2 over
+// 2 ranks is --batch 1 --grad-accum 2 (bit for bit), the same rows as one
+// process's --batch 2 (the same losses to rounding); the log says so. An odd
+// --batch runs one micro-batch a rank. Both were refused (--grad-accum 1 is
+// not a multiple of 2 ranks).
+TEST_F(EpCli, DefaultFlagsSplitTheStepOverTheRanks) {
+  const std::vector<std::string> base = {"train", "--preset",  "tiny", "--steps",
+                                         "3",     "--seq-len", "16",   "--corpus-tokens",
+                                         "4096",  "--threads", "1",    "--json"};
+  const auto with = [&](std::vector<std::string> more) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), more.begin(), more.end());
+    return a;
+  };
+  RunResult two = run_ranks(2, with({"--ep", "2", "--batch", "2"}));
+  ASSERT_EQ(two.rc, 0) << two.err;
+  EXPECT_TRUE(contains(two.err,
+                       "train: --grad-accum not given: the 2 ranks split each step's 2 "
+                       "rows, 1 each (as --batch 1 --grad-accum 2)"))
+      << two.err;
+  RunResult split = run_ranks(0, with({"--batch", "1", "--grad-accum", "2"}));
+  RunResult whole = run_ranks(0, with({"--batch", "2"}));
+  ASSERT_EQ(split.rc, 0) << split.err;
+  ASSERT_EQ(whole.rc, 0) << whole.err;
+  const nlohmann::json losses = last_json_line(two.out).at("losses");
+  EXPECT_EQ(losses, last_json_line(split.out).at("losses"));
+  const nlohmann::json one = last_json_line(whole.out).at("losses");
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i].get<double>(), one[i].get<double>(), 1e-5 * one[i].get<double>()) << i;
+  }
+  RunResult odd = run_ranks(2, with({"--ep", "2", "--batch", "3"}));
+  EXPECT_EQ(odd.rc, 0) << odd.err;
+  EXPECT_TRUE(contains(odd.err, "a step of 6 rows (as --grad-accum 2)")) << odd.err;
+}
+
+// A checkpoint whose accumulation the ranks do not divide says which rank
+// counts resume it (the hint "pass --grad-accum 4" was then refused as a
+// changed flag).
+TEST_F(EpCli, AResumeOverRanksThatDoNotDivideTheAccumulationNamesTheRankCounts) {
+  const fs::path out = path("o");
+  ASSERT_EQ(run_ranks(0, tiny({"--out", out.string(), "--stop-after", "2"}, "3")).rc, 0);
+  RunResult r = run_ranks(2, {"train", "--resume", (out / "checkpoint-2").string(), "--ep", "2"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(contains(r.err,
+                       "accumulates 3 micro-batch(es) a step, which the 2 ranks started do "
+                       "not divide"))
+      << r.err;
+  EXPECT_TRUE(contains(r.err, "mpirun -np N with N one of 1, 3")) << r.err;
+}
+
 TEST_F(EpCli, DeviceTierOnEveryRankWithOneRoutingProfile) {
   const std::vector<std::string> tier = {"--device", "cpu", "--device-memory", "64MiB",
                                          "--placement", "device", "--device-threads", "1"};
