@@ -73,8 +73,9 @@ Json config_json(const PeftLoraConfig& c) {
   j["inference_mode"] = true;
   j["init_lora_weights"] = true;
   j["layer_replication"] = nullptr;
-  j["layers_pattern"] = nullptr;
-  j["layers_to_transform"] = nullptr;
+  j["layers_pattern"] = nullptr;  // PEFT's default patterns find model.layers.N
+  j["layers_to_transform"] =
+      c.layers_to_transform.empty() ? Json(nullptr) : Json(c.layers_to_transform);
   j["loftq_config"] = Json::object();
   j["lora_alpha"] = number_json(c.lora_alpha);
   j["lora_bias"] = false;
@@ -184,6 +185,36 @@ PeftLoraConfig parse_config(const std::string& path, detail::PeftPatterns& patte
   c.use_rslora = f.get_bool("use_rslora", false);
   c.base_model_name_or_path = f.get_string("base_model_name_or_path", "");
   c.task_type = f.get_string("task_type", "");
+
+  // layers_to_transform: an int or a list of them (PEFT's semantics: only
+  // those decoder layers are adapted, matched under layers_pattern).
+  if (f.has("layers_to_transform")) {
+    const Json& l = f.at("layers_to_transform");
+    const auto index = [&](const Json& v) {
+      if (!v.is_number_integer() || v.get<int64_t>() < 0) {
+        f.type_error("layers_to_transform", "a layer index >= 0 or a list of them");
+      }
+      c.layers_to_transform.push_back(v.get<int64_t>());
+    };
+    if (l.is_array()) {
+      for (const Json& v : l) index(v);
+    } else {
+      index(l);
+    }
+    std::sort(c.layers_to_transform.begin(), c.layers_to_transform.end());
+    c.layers_to_transform.erase(
+        std::unique(c.layers_to_transform.begin(), c.layers_to_transform.end()),
+        c.layers_to_transform.end());
+  }
+  if (f.has("layers_pattern")) {
+    const Json& lp = f.at("layers_pattern");
+    const bool layers = (lp.is_string() && lp == "layers") ||
+                        (lp.is_array() && lp.size() == 1 && lp[0] == "layers");
+    if (!layers) {
+      f.fail("layers_pattern", "layers_pattern " + printable(lp.dump()) + " is not supported",
+             "TierMoE's decoder layers are model.layers.N: use \"layers\" or null");
+    }
+  }
 
   patterns = detail::parse_peft_patterns(j, path);
   if (!f.has("target_modules")) {

@@ -160,6 +160,10 @@ void check_same_lora(const LoraConfig& have, const LoraConfig& file, const std::
                 "adapter target_modules " + targets_text(file.targets) +
                     " differ from the enabled " + targets_text(have.targets),
                 where, hint);
+  TIERMOE_CHECK(have.layers == file.layers,
+                str_of("adapter layers_to_transform (", file.layers.size(),
+                       " layers) differs from the enabled (", have.layers.size(), ")"),
+                where, hint);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #include "tiermoe/model/lora.h"
 
+#include <charconv>
 #include <cmath>
 #include <utility>
 
@@ -113,6 +114,15 @@ std::set<std::string> parse_lora_targets(std::string_view list, std::string_view
 }
 
 bool lora_targets_module(const LoraConfig& config, std::string_view path) {
+  if (!config.layers.empty()) {
+    // "model.layers.N." as PEFT's layers_pattern "layers" finds it.
+    const size_t at = path.find("layers.");
+    if (at == std::string_view::npos) return false;
+    int64_t layer = -1;
+    const char* first = path.data() + at + 7;
+    const auto [end, ec] = std::from_chars(first, path.data() + path.size(), layer);
+    if (ec != std::errc() || end == first || !config.layers.contains(layer)) return false;
+  }
   for (const std::string& t : config.targets) {
     if (path == t) return true;
     if (path.size() > t.size() && path.substr(path.size() - t.size()) == t &&
@@ -130,6 +140,7 @@ PeftLoraConfig to_peft_config(const LoraConfig& config, std::string base_model_n
   p.lora_dropout = config.dropout;
   p.use_rslora = config.rslora;
   p.target_modules.assign(config.targets.begin(), config.targets.end());
+  p.layers_to_transform.assign(config.layers.begin(), config.layers.end());
   p.base_model_name_or_path = std::move(base_model_name);
   return p;
 }
@@ -141,6 +152,7 @@ LoraConfig from_peft_config(const PeftLoraConfig& peft, std::string_view where) 
   c.rslora = peft.use_rslora;
   c.dropout = peft.lora_dropout;
   c.targets = std::set<std::string>(peft.target_modules.begin(), peft.target_modules.end());
+  c.layers = std::set<int64_t>(peft.layers_to_transform.begin(), peft.layers_to_transform.end());
   c.validate(where);
   return c;
 }

@@ -67,6 +67,7 @@ json TrainConfig::to_json() const {
                  {"alpha", lora->alpha},
                  {"rslora", lora->rslora},
                  {"targets", std::vector<std::string>(lora->targets.begin(), lora->targets.end())},
+                 {"layers", std::vector<int64_t>(lora->layers.begin(), lora->layers.end())},
                  {"init", lora_init}};
   } else {
     j["lora"] = nullptr;
@@ -113,6 +114,10 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
       lc.rslora = l.at("rslora").get<bool>();
       const auto targets = l.at("targets").get<std::vector<std::string>>();
       lc.targets = {targets.begin(), targets.end()};
+      if (l.contains("layers")) {  // checkpoints before layers_to_transform: every layer
+        const auto layers = l.at("layers").get<std::vector<int64_t>>();
+        lc.layers = {layers.begin(), layers.end()};
+      }
       c.lora = lc;
       c.lora_init = l.at("init").get<std::string>();
     }

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -142,6 +143,43 @@ TEST_F(CliTrain, LoraInitWithOnlyAlphaKeepsTheAdaptersRank) {
   RunResult c = run(quick({"--steps", "1", "--lora-init", adapter, "--lora-rank", "8"}));
   EXPECT_EQ(c.rc, 1) << c.err;
   EXPECT_TRUE(contains(c.err, "adapter r 4 differs from the enabled LoRA rank 8")) << c.err;
+}
+
+// PEFT's layers_to_transform: an adapter that holds only the layers it lists
+// is loaded, only those layers train, and the export keeps the list (it was
+// refused as lacking the other layers' modules).
+TEST_F(CliTrain, LoraInitFollowsLayersToTransform) {
+  ASSERT_EQ(run({"train", "--layers", "2", "--batch", "2", "--seq-len", "16", "--threads", "1",
+                 "--corpus-tokens", "4096", "--steps", "1", "--lora-rank", "2", "--out",
+                 path("a").string()})
+                .rc,
+            0);
+  const fs::path adapter = path("a") / "adapter";
+  json config = json::parse(slurp(adapter / "adapter_config.json"));
+  config["layers_to_transform"] = json::array({1});
+  std::ofstream(adapter / "adapter_config.json") << config.dump(2);
+  NamedTensors kept;
+  {
+    const SafetensorsFile f =
+        SafetensorsFile::open((adapter / "adapter_model.safetensors").string());
+    for (const SafetensorsEntry& e : f.entries()) {
+      if (!contains(e.name, ".layers.0.")) kept.emplace_back(e.name, f.load(e.name, DType::f32));
+    }
+  }
+  ASSERT_FALSE(kept.empty());
+  save_safetensors((adapter / "adapter_model.safetensors").string(), kept);
+
+  RunResult r = run({"train", "--layers", "2", "--batch", "2", "--seq-len", "16", "--threads", "1",
+                     "--corpus-tokens", "4096", "--steps", "2", "--lora-init", adapter.string(),
+                     "--out", path("b").string()});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const fs::path out = path("b") / "adapter";
+  EXPECT_EQ(json::parse(slurp(out / "adapter_config.json")).at("layers_to_transform"),
+            json::array({1}));
+  const SafetensorsFile f = SafetensorsFile::open((out / "adapter_model.safetensors").string());
+  EXPECT_EQ(f.entries().size(), kept.size());
+  for (const SafetensorsEntry& e : f.entries())
+    EXPECT_FALSE(contains(e.name, ".layers.0.")) << e.name;
 }
 
 TEST_F(CliTrain, NanWeightStopsWithTheLayerNamedAndTheCheckpointIntact) {

@@ -212,6 +212,26 @@ struct ConfigCase {
   std::vector<std::string> needles;
 };
 
+// layers_to_transform as PEFT writes it: one index or a list (sorted, no
+// repeats on read), and back on save; null: every layer.
+TEST(Peft, LayersToTransformIsReadAndWritten) {
+  for (const auto& [given, want] : {std::pair{Json(3), std::vector<int64_t>{3}},
+                                    std::pair{Json({2, 0, 2}), std::vector<int64_t>{0, 2}},
+                                    std::pair{Json(nullptr), std::vector<int64_t>{}}}) {
+    Fixture fx;
+    fx.edit_config([&](Json& j) {
+      j["layers_to_transform"] = given;
+      j["layers_pattern"] = "layers";
+    });
+    const PeftAdapter a = load_peft_adapter(fx.path());
+    EXPECT_EQ(a.config.layers_to_transform, want) << given.dump();
+    TempDir out;
+    save_peft_adapter(out.path().string(), a.config, a.modules);
+    const Json saved = read_json(out.file(kPeftConfigFile));
+    EXPECT_EQ(saved.at("layers_to_transform"), want.empty() ? Json(nullptr) : Json(want));
+  }
+}
+
 TEST(PeftMalformed, ConfigErrorsNameFileAndKey) {
   std::vector<ConfigCase> cases = {
       {"peft_type", [](Json& j) { j["peft_type"] = "IA3"; }, {"IA3", "not LORA", "key peft_type"}},
@@ -250,6 +270,14 @@ TEST(PeftMalformed, ConfigErrorsNameFileAndKey) {
       {"rank differs from r",
        [](Json& j) { j["r"] = kR * 2; },
        {"has rank 4 but r is 8", kPeftWeightsFile}},
+      {"layers_to_transform not an index",
+       [](Json& j) {
+         j["layers_to_transform"] = {0, -1};
+       },
+       {"layer index >= 0", "key layers_to_transform"}},
+      {"layers_pattern other than layers",
+       [](Json& j) { j["layers_pattern"] = "h"; },
+       {"layers_pattern \"h\" is not supported", "key layers_pattern"}},
       {"module not targeted",
        [](Json& j) {
          j["target_modules"] = {"q_proj", "gate_proj"};

@@ -32,6 +32,9 @@ struct PeftLoraConfig {
   double lora_dropout = 0.0;
   bool use_rslora = false;
   std::vector<std::string> target_modules;  // module names, sorted on save
+  // PEFT's layers_to_transform: the decoder layers adapted (sorted, no
+  // repeats); empty: every layer. layers_pattern may only name "layers".
+  std::vector<int64_t> layers_to_transform;
   std::string base_model_name_or_path;
   std::string task_type = "CAUSAL_LM";
 

@@ -47,6 +47,9 @@ struct LoraConfig {
   // Expert (and dense MLP) projections are adapted only when named.
   std::set<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
   double dropout = 0.0;  // only 0 is supported
+  // PEFT's layers_to_transform: only these decoder layers are adapted;
+  // empty: every layer.
+  std::set<int64_t> layers;
 
   // alpha / rank, or alpha / sqrt(rank) with rslora.
   double scaling() const;
