@@ -108,15 +108,24 @@ int32_t MarkovCorpus::sample_row(const double* cdf_V, double u) const {
   return static_cast<int32_t>(hit - cdf_V);
 }
 
-std::vector<int32_t> MarkovCorpus::generate(int64_t n_tokens, uint64_t seed) const {
+std::vector<int32_t> MarkovCorpus::generate(int64_t n_tokens, uint64_t seed,
+                                            ProgressSink progress) const {
   TIERMOE_CHECK(n_tokens >= 0, detail::str_of("cannot generate ", n_tokens, " tokens"), kWhere,
                 "ask for a non-negative count");
   std::vector<int32_t> out(n_tokens);
   if (n_tokens == 0) return out;
+  ProgressMeter meter(progress, "sample the built-in corpus", double(n_tokens),
+                      ProgressMeterOptions{.unit = "tokens"});
   Rng rng(seed);
   const int64_t V = options_.vocab;
   out[0] = sample_row(pi_cdf_V_.data(), rng.uniform());
-  for (int64_t t = 1; t < n_tokens; ++t) out[t] = sample_row(&cdf_VV_[out[t - 1] * V], rng.uniform());
+  constexpr int64_t kChunk = int64_t(1) << 20;
+  for (int64_t t = 1; t < n_tokens; ++t) {
+    out[t] = sample_row(&cdf_VV_[out[t - 1] * V], rng.uniform());
+    if (t % kChunk == 0) meter.update(double(t));
+  }
+  meter.update(double(n_tokens));
+  meter.finish();
   return out;
 }
 

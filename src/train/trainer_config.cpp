@@ -228,8 +228,13 @@ std::unique_ptr<RowSource> open_data_file(const std::string& path, const ModelCo
   return data;
 }
 
+uint64_t corpus_bytes(const TrainConfig& c) {
+  return c.data_file.empty() ? uint64_t(c.corpus_tokens) * sizeof(int32_t) : 0;
+}
+
 std::unique_ptr<RowSource> build_data(const TrainConfig& c, const ModelConfig& model,
-                                      std::unique_ptr<MarkovCorpus>* corpus) {
+                                      std::unique_ptr<MarkovCorpus>* corpus,
+                                      ProgressSink progress) {
   if (!c.data_file.empty()) return open_data_file(c.data_file, model, c.trainer.seq_len, c.pack);
   auto chain = std::make_unique<MarkovCorpus>(MarkovCorpusOptions{});
   // Its ids are valid tokens of any vocabulary at least as large (a real
@@ -239,7 +244,7 @@ std::unique_ptr<RowSource> build_data(const TrainConfig& c, const ModelConfig& m
                        model.vocab_size),
                 "built-in Markov corpus",
                 "pass --data with tokens for this model, or use --preset tiny");
-  auto data = std::make_unique<TokenWindows>(chain->generate(c.corpus_tokens, c.seed),
+  auto data = std::make_unique<TokenWindows>(chain->generate(c.corpus_tokens, c.seed, progress),
                                              "built-in Markov corpus");
   if (corpus) *corpus = std::move(chain);
   return data;

@@ -145,8 +145,22 @@ MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunCont
                  << "):\n"
                  << plan.table();
   }
+  // The built-in corpus is held whole beside what the plan's tags count.
+  const uint64_t corpus = corpus_bytes(config);
+  if (control.log && corpus > 0) {
+    *control.log << str_of("  + the built-in corpus: ", str_of(double(corpus) / (1 << 20)),
+                           " MiB (", config.corpus_tokens, " tokens, 4 bytes each)\n");
+  }
   // Unknown available memory (no /proc/meminfo, no sysconf) refuses nothing.
   const uint64_t limit = control.max_memory ? control.max_memory : host_memory_available();
+  TIERMOE_CHECK(
+      plan.total() + corpus <= limit || plan.total() > limit,
+      str_of("the built-in corpus of ", config.corpus_tokens, " tokens (", corpus,
+             " bytes) and the memory plan (", plan.total(), " bytes) need more than ",
+             control.max_memory ? "--max-memory " : "the available memory ", limit, " bytes"),
+      control.max_memory ? "--max-memory" : "MemAvailable (/proc/meminfo)",
+      str_of("a smaller --corpus-tokens: ", (limit - plan.total()) / sizeof(int32_t),
+             " tokens fit"));
   if (plan.total() <= limit) return plan;
   std::string hint;
   for (const std::string& way : ways_to_fit(config, model, stored, ranks, limit)) {
@@ -223,7 +237,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
          << "): RoPE runs on, but the model never saw positions that far\n";
   }
   std::unique_ptr<MarkovCorpus> corpus;
-  const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus);
+  const std::unique_ptr<RowSource> rows = build_data(config, model.config(), &corpus, loading);
   const RowSource& data = *rows;
   std::unique_ptr<TierSession> tier;
   if (config.tier.enabled()) {

@@ -245,6 +245,15 @@ TEST_F(CliBounds, MessagesNameTheFlagOrFileWithReadableBounds) {
           {"a NumPy .npy array, not JSON Lines", "rename it to .npy"});
 }
 
+// The built-in corpus (4 bytes a token) counts against --max-memory: 2^30
+// tokens under 100 MiB took 4.7 GB, sampling for a minute without a word.
+TEST_F(CliBounds, TheBuiltInCorpusCountsAgainstMaxMemory) {
+  expect_refused({"train", "--layers", "1", "--batch", "2", "--seq-len", "16", "--steps", "1",
+                  "--corpus-tokens", "1073741824", "--max-memory", "100MiB"},
+                 1,
+                 {"the built-in corpus of 1073741824 tokens", "--max-memory", "--corpus-tokens"});
+}
+
 TEST_F(CliBounds, VocabularyOverflowIsNamed) {
   const fs::path dir = with_config_field("vocab", "vocab_size", "4611686018427387904");
   expect_refused({"inspect", dir.string()}, 1, {"vocab_size", "4611686018427387904"});

@@ -228,10 +228,18 @@ TEST(MemoryPlan, ARunThatCannotFitIsRefusedBeforeLoadingWithWhatWouldFit) {
   }
   EXPECT_NE(log.str().find("memory plan"), std::string::npos) << log.str();
   EXPECT_EQ(log.str().find("train: "), std::string::npos) << "the model was built: " << log.str();
-  // One byte more and it runs.
-  control.max_memory = need;
+  // With room for the plan and the built-in corpus it runs; one byte less
+  // refuses the corpus, naming --corpus-tokens.
+  control.max_memory = need + corpus_bytes(c);
   c.trainer.steps = 1;
   EXPECT_NO_THROW(run_training(c, control));
+  control.max_memory = need + corpus_bytes(c) - 1;
+  try {
+    run_training(c, control);
+    FAIL() << "the corpus past --max-memory was not refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.hint()).find("--corpus-tokens"), std::string::npos) << e.hint();
+  }
 }
 
 TEST(MemoryPlan, NothingFitsSaysSo) {

@@ -32,6 +32,8 @@
 #include <span>
 #include <vector>
 
+#include "tiermoe/core/progress_meter.h"
+
 namespace tiermoe {
 
 struct MarkovCorpusOptions {
@@ -51,7 +53,8 @@ class MarkovCorpus {
 
   // n_tokens tokens: the first drawn from pi, each next one from its
   // predecessor's row. Deterministic for (chain, seed).
-  std::vector<int32_t> generate(int64_t n_tokens, uint64_t seed) const;
+  // Long samples report their progress to `progress` (core/progress_meter.h).
+  std::vector<int32_t> generate(int64_t n_tokens, uint64_t seed, ProgressSink progress = {}) const;
 
   double entropy_rate() const { return entropy_rate_; }  // nats per token
   double loss_floor() const { return entropy_rate_; }    // see the header comment

@@ -74,7 +74,11 @@ void check_fits_host(const TrainConfig& config, int ranks);
 // windows, or SFT rows (packed or padded with the config's pad token). With
 // the built-in corpus, `corpus` is set to the chain (for its loss floor).
 std::unique_ptr<RowSource> build_data(const TrainConfig& config, const ModelConfig& model,
-                                      std::unique_ptr<MarkovCorpus>* corpus = nullptr);
+                                      std::unique_ptr<MarkovCorpus>* corpus = nullptr,
+                                      ProgressSink progress = {});
+// The bytes build_data holds for the built-in corpus (4 a token; 0 with
+// --data), which the memory check adds to the plan.
+uint64_t corpus_bytes(const TrainConfig& config);
 // Data from a file: SFT JSON Lines (io/sft_jsonl.h) as SftData, anything else
 // as token windows; ids and labels checked against the vocabulary.
 std::unique_ptr<RowSource> open_data_file(const std::string& path, const ModelConfig& model,
