@@ -102,7 +102,7 @@ void run_eval(const EvalOptions& o) {
   }
   const std::unique_ptr<RowSource> rows =
       open_data_file(o.data, config, o.seq_len, /*pack=*/!o.no_packing);
-  const TokenBatch batch = rows->eval_batch(o.batch, o.seq_len);
+  const TokenBatch batch = without_padded_tail(rows->eval_batch(o.batch, o.seq_len));
 
   CausalLM model =
       CausalLM::from_checkpoint(o.model, dtype, nullptr, WeightBinding::copy, stderr_progress());
@@ -113,7 +113,10 @@ void run_eval(const EvalOptions& o) {
             << (rows->summary().empty() ? "" : " (" + rows->summary() + ")") << "\n";
 
   const bool grad = !o.save_grads.empty();
-  model.forward(batch.inputs_BL, batch.targets_BL, o.batch, o.seq_len, grad, batch.layout);
+  if (batch.seq_len < o.seq_len) {
+    std::cerr << "eval: the rows' padding past token " << batch.seq_len << " is skipped\n";
+  }
+  model.forward(batch.inputs_BL, batch.targets_BL, o.batch, batch.seq_len, grad, batch.layout);
   if (grad) {
     model.backward();
     NamedTensors grads = gradients(model, dtype);

@@ -47,6 +47,38 @@ TokenBatch RowSource::eval_batch(int64_t batch, int64_t seq_len) const {
   return out;
 }
 
+TokenBatch without_padded_tail(const TokenBatch& b) {
+  const TokenLayout& in = b.layout;
+  if (in.counted_BT.empty()) return b;
+  const int64_t B = b.batch, L = b.seq_len;
+  int64_t keep = 1;
+  for (int64_t r = 0; r < B; ++r) {
+    for (int64_t t = L - 1; t >= keep; --t) {
+      if (in.counted_BT[size_t(r * L + t)]) {
+        keep = t + 1;
+        break;
+      }
+    }
+  }
+  if (keep == L) return b;
+  TokenBatch out;
+  out.batch = B;
+  out.seq_len = keep;
+  const auto cut = [&](const auto& from, auto& to) {
+    if (from.empty()) return;
+    to.resize(size_t(B * keep));
+    for (int64_t r = 0; r < B; ++r) {
+      std::copy_n(from.begin() + r * L, keep, to.begin() + r * keep);
+    }
+  };
+  cut(b.inputs_BL, out.inputs_BL);
+  cut(b.targets_BL, out.targets_BL);
+  cut(in.positions_BT, out.layout.positions_BT);
+  cut(in.doc_start_BT, out.layout.doc_start_BT);
+  cut(in.counted_BT, out.layout.counted_BT);
+  return out;
+}
+
 TokenWindows::TokenWindows(std::vector<int32_t> tokens, std::string source)
     : tokens_(std::move(tokens)), source_(std::move(source)) {}
 

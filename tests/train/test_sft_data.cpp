@@ -164,6 +164,21 @@ TEST(SftData, PaddingPutsOneExamplePerRowAndTruncates) {
   EXPECT_THROW(d.eval_batch(3, 4), Error);
 }
 
+// A batch is cut to its longest row's tokens; the layout moves with it.
+TEST(SftData, WithoutPaddedTailCutsToTheLongestRow) {
+  SftData d({ex({1, 2, 3}), ex({4, 5})}, "x", {.seq_len = 6, .pack = false});
+  const TokenBatch b = without_padded_tail(d.eval_batch(2, 6));
+  EXPECT_EQ(b.seq_len, 3);
+  EXPECT_EQ(b.inputs_BL, (std::vector<int32_t>{1, 2, 3, 4, 5, 0}));
+  EXPECT_EQ(b.targets_BL, (std::vector<int32_t>{2, 3, -100, 5, -100, -100}));
+  EXPECT_EQ(b.layout.positions_BT, (std::vector<int32_t>{0, 1, 2, 0, 1, 0}));
+  EXPECT_EQ(b.layout.doc_start_BT, (std::vector<int32_t>{0, 0, 0, 0, 0, 2}));
+  EXPECT_EQ(b.layout.counted_BT, (std::vector<uint8_t>{1, 1, 1, 1, 1, 0}));
+  // Rows that fill L, and token windows (no layout), are kept as they are.
+  SftData full({ex({1, 2, 3}), ex({4, 5, 6})}, "x", {.seq_len = 3, .pack = false});
+  EXPECT_EQ(without_padded_tail(full.eval_batch(2, 3)).seq_len, 3);
+}
+
 // The padding is made as rows are copied, not stored: 100,000 two-token
 // examples padded to 2048 held 3.4 GB (17 bytes a padded token).
 TEST(SftData, PaddingIsNotStored) {

@@ -49,6 +49,13 @@ class RowSource {
   virtual TokenBatch eval_batch(int64_t batch, int64_t seq_len) const;
 };
 
+// `b` cut to its longest row's tokens: the padding past every row's last
+// counted token is dropped (nothing real attends to it and it carries no
+// loss, so the loss and every gradient are the same), so a short example in
+// a long --seq-len does not pay attention over the padding. Without a layout
+// (token windows: no padding) `b` itself.
+TokenBatch without_padded_tail(const TokenBatch& b);
+
 class TokenWindows final : public RowSource {
  public:
   // `source` names the data in errors: a file path, or "built-in Markov corpus".
