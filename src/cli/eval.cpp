@@ -104,8 +104,12 @@ void run_eval(const EvalOptions& o) {
       open_data_file(o.data, config, o.seq_len, /*pack=*/!o.no_packing);
   const TokenBatch batch = without_padded_tail(rows->eval_batch(o.batch, o.seq_len));
 
-  CausalLM model =
-      CausalLM::from_checkpoint(o.model, dtype, nullptr, WeightBinding::copy, stderr_progress());
+  // A loss alone reads the frozen matrices mapped at their stored width, as
+  // a LoRA run does (an f32 eval of a bf16 checkpoint held every matrix
+  // widened: 912 MB more at vocab 151,936); --save-grads needs them as
+  // parameters of --dtype.
+  const WeightBinding binding = o.save_grads.empty() ? WeightBinding::mapped : WeightBinding::copy;
+  CausalLM model = CausalLM::from_checkpoint(o.model, dtype, nullptr, binding, stderr_progress());
   model.set_lm_head_chunk(o.lm_head_chunk);
   std::cerr << "eval: " << o.model << " (" << config.model_type << ", " << config.num_hidden_layers
             << " layers) in " << dtype_name(dtype) << " on " << o.batch << " x " << o.seq_len
