@@ -68,6 +68,10 @@ TEST_F(CliOutputs, AnOutputNamingAModelFileIsRefusedAndTheModelKept) {
        "--seq-len", "16", "--lora-rank", "2", "--metrics", (model / "model.safetensors").string()},
       "which the run reads (--model)");
   EXPECT_EQ(snapshot(model), before);
+  expect_refused({"eval", "--model", model.string(), "--data", data(), "--batch", "2", "--seq-len",
+                  "16", "--save-grads", (model / "model.safetensors").string()},
+                 "--save-grads would overwrite");
+  EXPECT_EQ(snapshot(model), before);
 }
 
 TEST_F(CliOutputs, AnOutputInsideTheResumedCheckpointIsRefused) {
