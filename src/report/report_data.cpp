@@ -1,12 +1,14 @@
 #include "tiermoe/report/report_data.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/io/model_config.h"
 #include "tiermoe/tier/routing_profile.h"
 
 namespace tiermoe {
@@ -31,6 +33,17 @@ double number(const json& j, const char* key, const std::string& where) {
   TIERMOE_CHECK(it->is_number(), str_of("\"", key, "\" is not a number"), where,
                 "the file is not what train --metrics writes");
   return it->get<double>();
+}
+
+// A count written as a JSON number: whole and in [0, max] (converting a
+// double past int64 to it is undefined; the fuzzer found "total_steps":
+// 2.2e30).
+int64_t count(const json& j, const char* key, const std::string& where, int64_t max) {
+  const double v = number(j, key, where);
+  TIERMOE_CHECK(v >= 0 && v <= double(max) && v == std::floor(v),
+                str_of("\"", key, "\" is ", v, ", not a count of at most ", max), where,
+                "the file is not what tiermoe wrote");
+  return int64_t(v);
 }
 
 const json& required(const json& j, const char* key, const std::string& where) {
@@ -84,7 +97,7 @@ void add_line(RunSeries& r, const json& j, const std::string& where) {
   r.lr.push_back(number(j, "lr", where));
   r.grad_norm.push_back(number(j, "grad_norm", where));
   r.tokens_per_s.push_back(number(j, "tokens_per_s", where));
-  if (j.contains("total_steps")) r.total_steps = int64_t(number(j, "total_steps", where));
+  if (j.contains("total_steps")) r.total_steps = count(j, "total_steps", where, int64_t(1) << 31);
   if (j.contains("loss_floor")) r.loss_floor = number(j, "loss_floor", where);
   if (j.contains("eval_loss")) {
     r.eval_step.push_back(step);
@@ -234,7 +247,7 @@ PlanSeries parse_plan(const std::string& text, const std::string& where) {
   p.all_host_step_s = number(j, "all_host_step_s", where);
   p.bytes = number(j, "bytes", where);
   p.budget_bytes = number(j, "budget_bytes", where);
-  const int64_t E = int64_t(number(j, "experts", where));
+  const int64_t E = count(j, "experts", where, ModelConfig::kMaxExperts);
   TIERMOE_CHECK(E > 0, "no expert count", where, hint);
   LoadMap m;
   m.source = where;

@@ -257,6 +257,21 @@ TEST(ReportParse, PlanJsonGivesItsPlacementAndRows) {
   bad["layers"][0]["resident_experts"] = {7};
   EXPECT_THROW(parse_plan(bad.dump(), "plan.json"), Error);
   EXPECT_THROW(parse_plan("{}", "plan.json"), Error);
+  // Counts past int64 (undefined to convert; the fuzzer's finding) or past
+  // the bounds are errors, not allocations.
+  for (const double experts : {2.2e30, 1e12, 2.5, -1.0}) {
+    json huge = plan;
+    huge["experts"] = experts;
+    EXPECT_THROW(parse_plan(huge.dump(), "plan.json"), Error) << experts;
+  }
+}
+
+TEST(ReportParse, ATotalStepsPastAnyCountIsAnError) {
+  json j = json::parse(line(1, 3));
+  j["total_steps"] = 2.2e30;
+  EXPECT_THROW(parse_metrics(j.dump() + "\n", "m.jsonl"), Error);
+  j["total_steps"] = 6;
+  EXPECT_EQ(parse_metrics(j.dump() + "\n", "m.jsonl").total_steps, 6);
 }
 
 TEST(ReportParse, AResidentExpertOutsideTheProfileIsAnError) {
