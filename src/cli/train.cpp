@@ -369,8 +369,10 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   if (rank == 0) {
     std::cerr << "train: stopped by " << signal_name(summary.stopped_by) << " after step "
               << summary.steps << " of " << config.trainer.steps << "; ";
-    if (summary.last_checkpoint.empty()) {
+    if (control.out_dir.empty()) {
       std::cerr << "nothing saved (no --out given)\n";
+    } else if (summary.last_checkpoint.empty()) {
+      std::cerr << "nothing saved (no step was done)\n";
     } else {
       std::cerr << "checkpoint saved to " << summary.last_checkpoint
                 << "\n  hint: continue with `tiermoe train --resume " << summary.last_checkpoint

@@ -332,6 +332,12 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   int64_t saved_step = trainer.steps_done();
   try {
     while (trainer.steps_done() < last_step) {
+      // Polled before each step: a stop asked for while loading or during
+      // step k ends the run before step k + 1 (after k's checkpoint, if due).
+      if (const int stop = agreed_stop(control.stop_requested, comm)) {
+        out.stopped_by = stop;
+        break;
+      }
       if (control.before_step) control.before_step(trainer.steps_done() + 1);
       const StepStats s = trainer.step();
       if (s.skipped_batches > 0 && out.skipped_batches == 0 && log) {
@@ -353,10 +359,6 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
       if (!control.out_dir.empty() && control.save_every > 0 && s.step % control.save_every == 0) {
         save_checkpoint();
         saved_step = s.step;
-      }
-      if (const int stop = agreed_stop(control.stop_requested, comm)) {
-        out.stopped_by = stop;
-        break;
       }
     }
   } catch (...) {

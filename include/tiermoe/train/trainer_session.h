@@ -50,7 +50,7 @@ struct RunControl {
   // directory; the metrics file holds every step up to it. The CLI's
   // train --report refreshes the report here. Empty: nothing.
   std::function<void(const std::string&)> after_checkpoint{};
-  // Polled after each step: non-zero (a signal's number) ends the run there,
+  // Polled before each step: non-zero (a signal's number) ends the run there,
   // as a run that reached its last step ends (its checkpoint saved), with
   // TrainSummary::stopped_by set. Over several ranks the run stops once any
   // rank asks, at the same step on all. Empty: never.
