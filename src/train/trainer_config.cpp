@@ -1,5 +1,6 @@
 #include "tiermoe/train/trainer_config.h"
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "tiermoe/core/bounds.h"
@@ -228,8 +229,12 @@ std::unique_ptr<RowSource> open_data_file(const std::string& path, const ModelCo
   return data;
 }
 
-uint64_t corpus_bytes(const TrainConfig& c) {
-  return c.data_file.empty() ? uint64_t(c.corpus_tokens) * sizeof(int32_t) : 0;
+uint64_t data_bytes(const TrainConfig& c) {
+  if (c.data_file.empty()) return uint64_t(c.corpus_tokens) * sizeof(int32_t);
+  std::error_code ec;
+  if (is_sft_jsonl(c.data_file)) return 0;
+  const uintmax_t size = std::filesystem::file_size(c.data_file, ec);
+  return ec ? 0 : uint64_t(size);
 }
 
 std::unique_ptr<RowSource> build_data(const TrainConfig& c, const ModelConfig& model,

@@ -145,22 +145,26 @@ MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunCont
                  << "):\n"
                  << plan.table();
   }
-  // The built-in corpus is held whole beside what the plan's tags count.
-  const uint64_t corpus = corpus_bytes(config);
-  if (control.log && corpus > 0) {
-    *control.log << str_of("  + the built-in corpus: ", str_of(double(corpus) / (1 << 20)),
-                           " MiB (", config.corpus_tokens, " tokens, 4 bytes each)\n");
+  // The data is held whole beside what the plan's tags count.
+  const uint64_t data = data_bytes(config);
+  const std::string data_what =
+      config.data_file.empty() ? str_of("the built-in corpus (", config.corpus_tokens, " tokens)")
+                               : str_of("the tokens of ", config.data_file);
+  if (control.log && data > 0) {
+    *control.log << str_of("  + ", data_what, ": ", str_of(double(data) / (1 << 20)), " MiB\n");
   }
   // Unknown available memory (no /proc/meminfo, no sysconf) refuses nothing.
   const uint64_t limit = control.max_memory ? control.max_memory : host_memory_available();
   TIERMOE_CHECK(
-      plan.total() + corpus <= limit || plan.total() > limit,
-      str_of("the built-in corpus of ", config.corpus_tokens, " tokens (", corpus,
-             " bytes) and the memory plan (", plan.total(), " bytes) need more than ",
+      plan.total() + data <= limit || plan.total() > limit,
+      str_of(data_what, " (", data, " bytes) and the memory plan (", plan.total(),
+             " bytes) need more than ",
              control.max_memory ? "--max-memory " : "the available memory ", limit, " bytes"),
       control.max_memory ? "--max-memory" : "MemAvailable (/proc/meminfo)",
-      str_of("a smaller --corpus-tokens: ", (limit - plan.total()) / sizeof(int32_t),
-             " tokens fit"));
+      config.data_file.empty()
+          ? str_of("a smaller --corpus-tokens: ", (limit - plan.total()) / sizeof(int32_t),
+                   " tokens fit")
+          : std::string("a shorter token file, or a host with more memory"));
   if (plan.total() <= limit) return plan;
   std::string hint;
   for (const std::string& way : ways_to_fit(config, model, stored, ranks, limit)) {

@@ -245,13 +245,22 @@ TEST_F(CliBounds, MessagesNameTheFlagOrFileWithReadableBounds) {
           {"a NumPy .npy array, not JSON Lines", "rename it to .npy"});
 }
 
-// The built-in corpus (4 bytes a token) counts against --max-memory: 2^30
-// tokens under 100 MiB took 4.7 GB, sampling for a minute without a word.
-TEST_F(CliBounds, TheBuiltInCorpusCountsAgainstMaxMemory) {
+// The data counts against --max-memory: the built-in corpus (4 bytes a
+// token; 2^30 tokens under 100 MiB took 4.7 GB, sampling for a minute
+// without a word) and a token file (at least its size).
+TEST_F(CliBounds, TheDataCountsAgainstMaxMemory) {
   expect_refused({"train", "--layers", "1", "--batch", "2", "--seq-len", "16", "--steps", "1",
                   "--corpus-tokens", "1073741824", "--max-memory", "100MiB"},
-                 1,
-                 {"the built-in corpus of 1073741824 tokens", "--max-memory", "--corpus-tokens"});
+                 1, {"the built-in corpus (1073741824 tokens)", "--max-memory", "--corpus-tokens"});
+  // A token file is held as 4 bytes a token, at least its size.
+  std::vector<int32_t> tokens(size_t(2) << 20, 1);
+  write_npy_tokens(path("big.npy").string(), tokens, TokenDType::i32);
+  expect_refused(quick_train({"--data", path("big.npy").string(), "--max-memory", "8MiB"}), 1,
+                 {"the tokens of " + path("big.npy").string(), "--max-memory"});
+  tokens.resize(4096);
+  write_npy_tokens(path("small.npy").string(), tokens, TokenDType::i32);
+  EXPECT_EQ(
+      run_timed(quick_train({"--data", path("small.npy").string(), "--max-memory", "8MiB"})).rc, 0);
 }
 
 TEST_F(CliBounds, VocabularyOverflowIsNamed) {

@@ -230,10 +230,10 @@ TEST(MemoryPlan, ARunThatCannotFitIsRefusedBeforeLoadingWithWhatWouldFit) {
   EXPECT_EQ(log.str().find("train: "), std::string::npos) << "the model was built: " << log.str();
   // With room for the plan and the built-in corpus it runs; one byte less
   // refuses the corpus, naming --corpus-tokens.
-  control.max_memory = need + corpus_bytes(c);
+  control.max_memory = need + data_bytes(c);
   c.trainer.steps = 1;
   EXPECT_NO_THROW(run_training(c, control));
-  control.max_memory = need + corpus_bytes(c) - 1;
+  control.max_memory = need + data_bytes(c) - 1;
   try {
     run_training(c, control);
     FAIL() << "the corpus past --max-memory was not refused";

@@ -76,9 +76,11 @@ void check_fits_host(const TrainConfig& config, int ranks);
 std::unique_ptr<RowSource> build_data(const TrainConfig& config, const ModelConfig& model,
                                       std::unique_ptr<MarkovCorpus>* corpus = nullptr,
                                       ProgressSink progress = {});
-// The bytes build_data holds for the built-in corpus (4 a token; 0 with
-// --data), which the memory check adds to the plan.
-uint64_t corpus_bytes(const TrainConfig& config);
+// At least the bytes build_data holds, which the memory check adds to the
+// plan: the built-in corpus's 4 a token; a token file's size (each token is
+// held as 4 bytes, stored in 2 or 4); 0 for SFT JSON Lines, whose held size
+// the text does not tell.
+uint64_t data_bytes(const TrainConfig& config);
 // Data from a file: SFT JSON Lines (io/sft_jsonl.h) as SftData, anything else
 // as token windows; ids and labels checked against the vocabulary.
 std::unique_ptr<RowSource> open_data_file(const std::string& path, const ModelConfig& model,
