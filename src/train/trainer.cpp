@@ -110,7 +110,10 @@ StepStats Trainer::accumulate_gradients() {
   std::vector<TokenBatch> batches;
   timed(times, StepPart::data, [&] { batches = draw_step(&s.skipped_batches); });
   for (int64_t pass = 0; pass < passes; ++pass) {
-    const TokenBatch& batch = batches[size_t(pass)];
+    // Rows padded past their last real token run without that tail: the
+    // loss and gradients are the same (data.h), the attention over it is not
+    // paid. Every rank cuts the same micro-batch alike, as one process would.
+    const TokenBatch batch = without_padded_tail(batches[size_t(pass)]);
     if (pass > 0) {
       // The replicated gradients are this micro-batch's alone (folded below).
       TimedPart part(times, StepPart::optimizer);
@@ -118,8 +121,8 @@ StepStats Trainer::accumulate_gradients() {
         if (p.expert < 0) p.grad.zero();
       }
     }
-    const double loss =
-        model_.forward(batch.inputs_BL, batch.targets_BL, B, L, /*grad=*/true, batch.layout);
+    const double loss = model_.forward(batch.inputs_BL, batch.targets_BL, B, batch.seq_len,
+                                       /*grad=*/true, batch.layout);
     // The model names the first non-finite layer output; this catches what
     // slips past it (e.g. an infinite logit cancelling in the loss).
     TIERMOE_CHECK(std::isfinite(loss), str_of("the loss is ", loss, " at step ", step_ + 1),

@@ -15,6 +15,7 @@
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/io/tokens.h"
 #include "tiermoe/train/checkpoint.h"
+#include "tiermoe/train/sft_data.h"
 #include "tiermoe/train/trainer_session.h"
 
 namespace tiermoe {
@@ -91,6 +92,38 @@ TEST_F(TrainerTest, AccumulatingTwoMicroBatchesEqualsOneBatchOfTwiceTheSize) {
   for (size_t i = 0; i < acc.parameters().size(); ++i) {
     const Parameter& p = acc.parameters()[i];
     EXPECT_TRUE(all_close(p.grad, one.parameters()[i].grad, 1e-11, 1e-15, p.name));
+  }
+}
+
+// Padded rows train without their tail (data.h: without_padded_tail): the
+// loss and every gradient equal the whole padded batch's, in f64.
+TEST_F(TrainerTest, APaddedTailIsSkippedWithTheSameLossAndGradients) {
+  TrainConfig c = small_run(DType::f64, 1);
+  c.trainer.shuffle = false;
+  c.trainer.seq_len = 32;
+  std::vector<SftExample> examples;
+  for (int e = 0; e < 4; ++e) {
+    SftExample ex;
+    for (int i = 0; i < 5 + 3 * e; ++i) ex.input_ids.push_back((11 * e + 7 * i) % 256);
+    ex.labels = ex.input_ids;
+    ex.labels[0] = -100;
+    examples.push_back(ex);
+  }
+  const SftData data(examples, "padded", {.seq_len = 32, .pack = false});
+  CausalLM m_train = build_model(c), m_ref = build_model(c);
+  Trainer trainer(m_train, data, c.trainer);
+  const StepStats s = trainer.accumulate_gradients();
+
+  const TokenBatch whole = data.eval_batch(2, 32);
+  ASSERT_LT(without_padded_tail(whole).seq_len, 32) << "the rows must end in padding";
+  const double loss = m_ref.forward(whole.inputs_BL, whole.targets_BL, 2, 32, true, whole.layout);
+  m_ref.backward();
+  EXPECT_NEAR(s.loss, loss, 1e-13 * std::abs(loss));
+  std::vector<Parameter> ref = trainable_parameters(m_ref);
+  ASSERT_EQ(ref.size(), trainer.parameters().size());
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const Parameter& p = trainer.parameters()[i];
+    EXPECT_TRUE(all_close(p.grad, ref[i].grad, 1e-11, 1e-15, p.name));
   }
 }
 
