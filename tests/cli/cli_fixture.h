@@ -94,6 +94,15 @@ inline bool contains(const std::string& haystack, const std::string& needle) {
   return haystack.find(needle) != std::string::npos;
 }
 
+// How often `needle` occurs in `haystack` (overlaps counted).
+inline int count_of(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
 inline std::vector<std::string> argv_of(const std::vector<std::string>& args) {
   std::vector<std::string> argv = {TIERMOE_CLI_PATH};
   argv.insert(argv.end(), args.begin(), args.end());

@@ -32,13 +32,6 @@ class CliNoTargets : public Cli {
     write_sft_jsonl(p, examples);
     return p;
   }
-
-  static int count(const std::string& text, const std::string& needle) {
-    int n = 0;
-    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
-      ++n;
-    return n;
-  }
 };
 
 TEST_F(CliNoTargets, DataWithNoCountedTargetIsRefusedByTrainAndEval) {
@@ -79,7 +72,7 @@ TEST_F(CliNoTargets, BatchesWithoutTargetsAreSkippedCountedAndKeptOutOfTheDiverg
   const nlohmann::json summary = last_json_line(r.out);
   EXPECT_EQ(summary.at("steps"), 60);
   EXPECT_EQ(summary.at("skipped_batches"), 60);
-  EXPECT_EQ(count(r.err, "skipped a batch whose rows hold no counted target"), 1) << r.err;
+  EXPECT_EQ(count_of(r.err, "skipped a batch whose rows hold no counted target"), 1) << r.err;
   EXPECT_TRUE(contains(r.err, "60 batch(es) without a counted target skipped")) << r.err;
   for (const double loss : summary.at("losses")) EXPECT_GT(loss, 1.0);
 }

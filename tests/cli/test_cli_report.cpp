@@ -24,12 +24,6 @@ std::vector<std::string> train_args(const fs::path& out, std::vector<std::string
   return args;
 }
 
-size_t count_of(const std::string& s, const std::string& what) {
-  size_t n = 0;
-  for (size_t at = s.find(what); at != std::string::npos; at = s.find(what, at + 1)) ++n;
-  return n;
-}
-
 TEST_F(Cli, TrainReportDrawsTheRunAndReportRedrawsIt) {
   const fs::path run_dir = path("run"), page = path("run.html");
   RunResult r = run(train_args(run_dir, {"--save-every", "3", "--report", page.string()}));
@@ -38,7 +32,7 @@ TEST_F(Cli, TrainReportDrawsTheRunAndReportRedrawsIt) {
   const std::string html = slurp(page);
   for (const char* chart :
        {"loss", "lr", "throughput", "time", "device", "tier", "load-run", "memory"}) {
-    EXPECT_EQ(count_of(html, std::string("data-chart=\"") + chart + "\""), 1u) << chart;
+    EXPECT_EQ(count_of(html, std::string("data-chart=\"") + chart + "\""), 1) << chart;
   }
   EXPECT_FALSE(contains(html, "http-equiv=\"refresh\""));  // the run is over
   EXPECT_TRUE(contains(html, "6 of 6"));
@@ -53,7 +47,7 @@ TEST_F(Cli, TrainReportDrawsTheRunAndReportRedrawsIt) {
   r = run({"report", run_dir.string(), "--out", path("again.html").string()});
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "report: 8 charts written to")) << r.err;
-  EXPECT_EQ(count_of(slurp(path("again.html")), "data-chart="), 8u);
+  EXPECT_EQ(count_of(slurp(path("again.html")), "data-chart="), 8);
 }
 
 TEST_F(Cli, ACheckpointLeavesALivePageThatARunFailingLaterKeeps) {
@@ -82,7 +76,7 @@ TEST_F(Cli, APlanAloneIsReportedWithItsPlacement) {
   int64_t resident = 0;
   for (const auto& l : plan.at("layers")) resident += l.at("resident").get<int64_t>();
   EXPECT_GT(resident, 0);
-  EXPECT_EQ(count_of(html, "class=\"res\""), size_t(resident));  // one outline per resident expert
+  EXPECT_EQ(count_of(html, "class=\"res\""), resident);  // one outline per resident expert
 }
 
 // A profile or plan of another model than the run's is refused, naming it

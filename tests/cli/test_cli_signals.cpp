@@ -55,7 +55,9 @@ TEST_F(CliSignals, WithoutOutItSaysNothingWasSaved) {
 // SIGTERM and SIGHUP from outside, as a scheduler or a closed terminal sends.
 TEST_F(CliSignals, SigtermAndSighupFromOutsideSaveTheRun) {
   for (const int sig : {SIGTERM, SIGHUP}) {
-    const fs::path out = path("o" + std::to_string(sig)), log = path("log" + std::to_string(sig));
+    fs::path out = path("o"), log = path("log");
+    out += std::to_string(sig);
+    log += std::to_string(sig);
     const pid_t pid =
         spawn(quick({"--steps", "1000000", "--progress-every", "1", "--out", out.string()}), log);
     ASSERT_GT(pid, 0);

@@ -51,13 +51,6 @@ class EpCli : public Cli {
     a.insert(a.end(), more.begin(), more.end());
     return a;
   }
-
-  static int count(const std::string& text, const std::string& needle) {
-    int n = 0;
-    for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1))
-      ++n;
-    return n;
-  }
 };
 
 TEST_F(EpCli, TwoRanksTrainTheOneRankModel) {
@@ -73,13 +66,13 @@ TEST_F(EpCli, TwoRanksTrainTheOneRankModel) {
   EXPECT_GT(b.at("comm").at("alltoall_bytes_all_ranks").get<double>(),
             b.at("alltoall_bytes").get<double>());
   // Rank 0 alone speaks: one summary, one set of progress lines.
-  EXPECT_EQ(count(two.out, "\"losses\""), 1) << two.out;
-  EXPECT_EQ(count(two.err, "step 4/4"), 1) << two.err;
-  EXPECT_EQ(count(two.err, "train: mode: full fine-tuning"), 1) << two.err;
+  EXPECT_EQ(count_of(two.out, "\"losses\""), 1) << two.out;
+  EXPECT_EQ(count_of(two.err, "step 4/4"), 1) << two.err;
+  EXPECT_EQ(count_of(two.err, "train: mode: full fine-tuning"), 1) << two.err;
   EXPECT_TRUE(contains(two.err, "2 ranks over mpi")) << two.err;
   const std::string metrics = slurp(path("m.jsonl"));
-  EXPECT_EQ(count(metrics, "\"step\""), 4);
-  EXPECT_EQ(count(metrics, "\"alltoall_bytes\""), 4);
+  EXPECT_EQ(count_of(metrics, "\"step\""), 4);
+  EXPECT_EQ(count_of(metrics, "\"alltoall_bytes\""), 4);
 }
 
 // Without --grad-accum the ranks split one process's step: --batch 2 over
@@ -201,7 +194,7 @@ TEST_F(EpCli, AnErrorEveryRankMeetsIsPrintedOnce) {
                                       << "\n";
   RunResult r = run_ranks(2, tiny({"--ep", "2", "--data", path("masked.jsonl").string()}));
   EXPECT_NE(r.rc, 0);
-  EXPECT_EQ(count(r.err, "error: "), 1) << r.err;
+  EXPECT_EQ(count_of(r.err, "error: "), 1) << r.err;
   EXPECT_TRUE(contains(r.err, "error: rank 0 of 2: nothing to train on")) << r.err;
 }
 
