@@ -47,7 +47,7 @@ TokenBatch RowSource::eval_batch(int64_t batch, int64_t seq_len) const {
   return out;
 }
 
-TokenBatch without_padded_tail(const TokenBatch& b) {
+TokenBatch without_padded_tail(TokenBatch b) {
   const TokenLayout& in = b.layout;
   if (in.counted_BT.empty()) return b;
   const int64_t B = b.batch, L = b.seq_len;
@@ -61,22 +61,19 @@ TokenBatch without_padded_tail(const TokenBatch& b) {
     }
   }
   if (keep == L) return b;
-  TokenBatch out;
-  out.batch = B;
-  out.seq_len = keep;
-  const auto cut = [&](const auto& from, auto& to) {
-    if (from.empty()) return;
-    to.resize(size_t(B * keep));
-    for (int64_t r = 0; r < B; ++r) {
-      std::copy_n(from.begin() + r * L, keep, to.begin() + r * keep);
-    }
+  // Row r moves to r * keep <= r * L: a forward copy in place is safe.
+  const auto cut = [&](auto& v) {
+    if (v.empty()) return;
+    for (int64_t r = 1; r < B; ++r) std::copy_n(v.begin() + r * L, keep, v.begin() + r * keep);
+    v.resize(size_t(B * keep));
   };
-  cut(b.inputs_BL, out.inputs_BL);
-  cut(b.targets_BL, out.targets_BL);
-  cut(in.positions_BT, out.layout.positions_BT);
-  cut(in.doc_start_BT, out.layout.doc_start_BT);
-  cut(in.counted_BT, out.layout.counted_BT);
-  return out;
+  cut(b.inputs_BL);
+  cut(b.targets_BL);
+  cut(b.layout.positions_BT);
+  cut(b.layout.doc_start_BT);
+  cut(b.layout.counted_BT);
+  b.seq_len = keep;
+  return b;
 }
 
 TokenWindows::TokenWindows(std::vector<int32_t> tokens, std::string source)

@@ -113,7 +113,7 @@ StepStats Trainer::accumulate_gradients() {
     // Rows padded past their last real token run without that tail: the
     // loss and gradients are the same (data.h), the attention over it is not
     // paid. Every rank cuts the same micro-batch alike, as one process would.
-    const TokenBatch batch = without_padded_tail(batches[size_t(pass)]);
+    const TokenBatch batch = without_padded_tail(std::move(batches[size_t(pass)]));
     if (pass > 0) {
       // The replicated gradients are this micro-batch's alone (folded below).
       TimedPart part(times, StepPart::optimizer);

@@ -54,7 +54,7 @@ class RowSource {
 // loss, so the loss and every gradient are the same), so a short example in
 // a long --seq-len does not pay attention over the padding. Without a layout
 // (token windows: no padding) `b` itself.
-TokenBatch without_padded_tail(const TokenBatch& b);
+TokenBatch without_padded_tail(TokenBatch b);
 
 class TokenWindows final : public RowSource {
  public:
