@@ -70,6 +70,19 @@ class Cli : public testing::DirTest {
     return r;
   }
 
+  // `tiermoe plan` of a synthetic profile for a preset cut to `layers`, with
+  // fixed rates (nothing measured), then `extra` (--save-profile, --json).
+  RunResult plan_synthetic(const std::string& preset, const std::string& layers,
+                           std::vector<std::string> extra) const {
+    std::vector<std::string> args = {"plan", "--preset",         preset, "--layers",
+                                     layers, "--synthetic-zipf", "1",    "--tokens",
+                                     "64",   "--device-memory",  "1GB",  "--host-tflops",
+                                     "0.1",  "--device-tflops",  "1",    "--link-gbps",
+                                     "10",   "--launch-us",      "5"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run(args);
+  }
+
   // `tiermoe init` into dir/name; fails the test on a non-zero exit.
   fs::path init(const std::string& name, std::vector<std::string> extra = {}) const {
     std::vector<std::string> args = {"init", "--preset", "tiny", "--out", path(name).string()};

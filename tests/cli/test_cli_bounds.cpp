@@ -214,27 +214,7 @@ TEST_F(CliBounds, MessagesNameTheFlagOrFileWithReadableBounds) {
   refused(quick_train({"--momentum", "1.5", "--optimizer", "sgd"}), 1, {"--momentum"});
 
   const std::string wrong = path("wrong.json").string();
-  const RunResult p = run_timed({"plan",
-                                 "--preset",
-                                 "qwen3-30b-a3b",
-                                 "--layers",
-                                 "2",
-                                 "--synthetic-zipf",
-                                 "1",
-                                 "--tokens",
-                                 "64",
-                                 "--device-memory",
-                                 "1GB",
-                                 "--host-tflops",
-                                 "1",
-                                 "--device-tflops",
-                                 "1",
-                                 "--link-gbps",
-                                 "1",
-                                 "--launch-us",
-                                 "1",
-                                 "--save-profile",
-                                 wrong});
+  const RunResult p = plan_synthetic("qwen3-30b-a3b", "2", {"--save-profile", wrong});
   ASSERT_EQ(p.rc, 0) << p.err;
   refused(quick_train({"--device", "cpu", "--device-memory", "8MiB", "--profile-in", wrong}), 1,
           {"128 experts per layer", "[" + wrong + "]"});

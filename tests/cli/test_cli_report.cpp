@@ -89,28 +89,7 @@ TEST_F(Cli, AProfileOrPlanOfAnotherModelIsRefused) {
                 .rc,
             0);
   const std::string other = path("other.json").string(), plan = path("plan.json").string();
-  RunResult r = run({"plan",
-                     "--preset",
-                     "qwen3-30b-a3b",
-                     "--layers",
-                     "4",
-                     "--synthetic-zipf",
-                     "1",
-                     "--tokens",
-                     "64",
-                     "--device-memory",
-                     "1GB",
-                     "--host-tflops",
-                     "0.1",
-                     "--device-tflops",
-                     "1",
-                     "--link-gbps",
-                     "10",
-                     "--launch-us",
-                     "5",
-                     "--save-profile",
-                     other,
-                     "--json"});
+  RunResult r = plan_synthetic("qwen3-30b-a3b", "4", {"--save-profile", other, "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
   std::ofstream(plan) << r.out;
   for (const auto& [flag, file] : {std::pair{"--profile", other}, std::pair{"--plan", plan}}) {
