@@ -175,13 +175,7 @@ void store_block(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t 
 
 int64_t scratch_growths() { return g_growths.load(std::memory_order_relaxed); }
 
-// AMX multiplies about 15x faster than AVX-512 per core, so at 96 rows a
-// block's B (a weight streamed from memory once per block) would have to
-// arrive at about 36 GB/s per core; 256 rows cut that to 14 (measured: W2 at
-// 256 rows per expert, 23% -> 27% of the AMX peak with the prefetch above).
-int64_t block_rows(const Microkernel& uk) {
-  return round_up(uk.isa == CpuIsa::amx ? 256 : 96, uk.mr);
-}
+int64_t block_rows(const Microkernel& uk) { return round_up(uk.mc, uk.mr); }
 int64_t tall_rows(const Microkernel& uk) { return round_up(960, block_rows(uk)); }
 int64_t block_cols(const Microkernel& uk) { return round_up(256, uk.nr); }
 

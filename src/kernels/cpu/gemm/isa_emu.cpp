@@ -54,6 +54,7 @@ constexpr Microkernel kAmx[] = {
      .in = DType::bf16,
      .mr = 32,
      .nr = 32,
+     .mc = 256,
      .k_step = 32,
      .a = APack::bf16_rows,
      .b = BPack::bf16_pairs,
