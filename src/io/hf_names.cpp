@@ -33,12 +33,12 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
   add("self_attn.k_proj.weight", {Hkv * P, D}, HfRole::attention);
   add("self_attn.v_proj.weight", {Hkv * P, D}, HfRole::attention);
   add("self_attn.o_proj.weight", {D, H * P}, HfRole::attention);
-  if (c.attention_bias) {
+  if (c.q_k_v_bias()) {
     add("self_attn.q_proj.bias", {H * P}, HfRole::bias);
     add("self_attn.k_proj.bias", {Hkv * P}, HfRole::bias);
     add("self_attn.v_proj.bias", {Hkv * P}, HfRole::bias);
-    add("self_attn.o_proj.bias", {D}, HfRole::bias);
   }
+  if (c.attention_bias) add("self_attn.o_proj.bias", {D}, HfRole::bias);
   switch (c.qk_norm()) {
     case QkNorm::none: break;
     case QkNorm::per_head:  // one [P] weight shared by every head
@@ -68,6 +68,13 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
     add(ep + std::string(m.gate) + ".weight", {F, D}, HfRole::expert, e);
     add(ep + std::string(m.up) + ".weight", {F, D}, HfRole::expert, e);
     add(ep + std::string(m.down) + ".weight", {D, F}, HfRole::expert, e);
+  }
+  if (c.has_shared_expert()) {  // Qwen2-MoE: mlp.shared_expert and its sigmoid gate
+    const int64_t S = c.shared_expert_intermediate_size;
+    add(block + ".shared_expert.gate_proj.weight", {S, D}, HfRole::dense_mlp);
+    add(block + ".shared_expert.up_proj.weight", {S, D}, HfRole::dense_mlp);
+    add(block + ".shared_expert.down_proj.weight", {D, S}, HfRole::dense_mlp);
+    add(block + ".shared_expert_gate.weight", {1, D}, HfRole::router);
   }
 }
 

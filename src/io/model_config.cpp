@@ -18,7 +18,7 @@ namespace {
 using Json = nlohmann::json;
 using detail::str_of;
 
-constexpr std::string_view kSupportedTypes = "qwen3_moe, mixtral, olmoe";
+constexpr std::string_view kSupportedTypes = "qwen3_moe, qwen2_moe, mixtral, olmoe";
 // The release that introduced Qwen3-MoE; every field written here exists there.
 constexpr const char* kTransformersVersion = "4.51.0";
 
@@ -78,6 +78,18 @@ class FieldReader {
     return out;
   }
 
+  std::vector<std::string> string_list(const char* key) const {
+    std::vector<std::string> out;
+    if (!has(key)) return out;
+    const Json& v = j_.at(key);
+    if (!v.is_array()) type_error(key, "a list of strings", v);
+    for (const Json& x : v) {
+      if (!x.is_string()) type_error(key, "a list of strings", v);
+      out.push_back(x.get<std::string>());
+    }
+    return out;
+  }
+
   // eos_token_id may be one id or a list of ids.
   std::vector<int64_t> int_or_int_list(const char* key) const {
     if (has(key) && j_.at(key).is_number_integer()) return {j_.at(key).get<int64_t>()};
@@ -110,6 +122,7 @@ ModelFamily parse_family(const std::string& type, const std::string& path) {
   if (type == "qwen3_moe") return ModelFamily::qwen3_moe;
   if (type == "mixtral") return ModelFamily::mixtral;
   if (type == "olmoe") return ModelFamily::olmoe;
+  if (type == "qwen2_moe") return ModelFamily::qwen2_moe;
   throw Error(str_of("unsupported model_type '", type, "'"), path,
               str_of("TierMoE supports model_type ", kSupportedTypes));
 }
@@ -260,6 +273,46 @@ void parse_olmoe(const FieldReader& f, ModelConfig& c) {
   c.pad_token_id = token_id(f, "pad_token_id", 1);
 }
 
+// Qwen2MoeConfig: Qwen3-MoE's fields without the q/k norm, with a bias on
+// q, k and v_proj (qkv_bias) and a gated shared expert in every MoE layer.
+void parse_qwen2_moe(const FieldReader& f, ModelConfig& c) {
+  c.vocab_size = f.get_int("vocab_size", 151936);
+  c.hidden_size = f.get_int("hidden_size", 2048);
+  c.intermediate_size = f.get_int("intermediate_size", 5632);
+  c.moe_intermediate_size = f.get_int("moe_intermediate_size", 1408);
+  c.shared_expert_intermediate_size = f.get_int("shared_expert_intermediate_size", 5632);
+  c.num_hidden_layers = f.get_int("num_hidden_layers", 24);
+  c.num_attention_heads = f.get_int("num_attention_heads", 16);
+  c.max_position_embeddings = f.get_int("max_position_embeddings", 32768);
+  parse_common(f, c, 16);
+  // Qwen2MoeConfig has no head_dim field; its attention reads one when present.
+  parse_head_dim(f, c, true);
+  c.num_experts = f.get_int("num_experts", 60);
+  c.num_experts_per_tok = f.get_int("num_experts_per_tok", 4);
+  c.norm_topk_prob = f.get_bool("norm_topk_prob", false);
+  c.decoder_sparse_step = f.get_int("decoder_sparse_step", 1);
+  c.mlp_only_layers = f.int_list("mlp_only_layers");
+  parse_rope(f, c, 10000.0);
+  c.rms_norm_eps = f.get_double("rms_norm_eps", 1e-6);
+  c.router_aux_loss_coef = f.get_double("router_aux_loss_coef", 0.001);
+  c.qkv_bias = f.get_bool("qkv_bias", true);
+  c.use_sliding_window = f.get_bool("use_sliding_window", false);
+  // transformers writes sliding_window 0 when use_sliding_window is false.
+  c.sliding_window = f.opt_int("sliding_window");
+  if (c.sliding_window == 0) c.sliding_window.reset();
+  c.max_window_layers = f.opt_int("max_window_layers");
+  for (const std::string& kind : f.string_list("layer_types")) {
+    if (kind != "full_attention") {
+      f.fail(str_of("config field 'layer_types' holds '", kind, "'"),
+             "TierMoE implements full causal attention only: every entry must be "
+             "\"full_attention\" (and use_sliding_window false)");
+    }
+  }
+  c.bos_token_id = token_id(f, "bos_token_id", std::nullopt);
+  c.eos_token_id = f.int_or_int_list("eos_token_id");
+  c.pad_token_id = token_id(f, "pad_token_id", std::nullopt);
+}
+
 }  // namespace
 std::string_view torch_dtype_name(DType dtype) {
   switch (dtype) {
@@ -275,6 +328,8 @@ std::string_view family_name(ModelFamily family) {
     case ModelFamily::qwen3_moe: return "qwen3_moe";
     case ModelFamily::mixtral: return "mixtral";
     case ModelFamily::olmoe: return "olmoe";
+    case ModelFamily::qwen2_moe:
+      return "qwen2_moe";
   }
   __builtin_unreachable();
 }
@@ -305,6 +360,8 @@ QkNorm ModelConfig::qk_norm() const {
     case ModelFamily::qwen3_moe: return QkNorm::per_head;
     case ModelFamily::mixtral: return QkNorm::none;
     case ModelFamily::olmoe: return QkNorm::whole;
+    case ModelFamily::qwen2_moe:
+      return QkNorm::none;
   }
   __builtin_unreachable();
 }
@@ -333,8 +390,12 @@ void ModelConfig::validate(const std::string& where) const {
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
-  positive(family == ModelFamily::qwen3_moe ? "moe_intermediate_size" : "intermediate_size",
-           moe_intermediate_size);
+  const bool moe_width_field = family == ModelFamily::qwen3_moe || family == ModelFamily::qwen2_moe;
+  positive(moe_width_field ? "moe_intermediate_size" : "intermediate_size", moe_intermediate_size);
+  TIERMOE_CHECK(family != ModelFamily::qwen2_moe || shared_expert_intermediate_size > 0,
+                str_of("config field 'shared_expert_intermediate_size' must be positive, got ",
+                       shared_expert_intermediate_size),
+                where, "Qwen2-MoE runs a shared expert of that width in every MoE layer");
   positive("num_hidden_layers", num_hidden_layers);
   positive("num_attention_heads", num_attention_heads);
   positive("num_key_value_heads", num_key_value_heads);
@@ -417,8 +478,7 @@ void ModelConfig::validate(const std::string& where) const {
                 str_of("OLMoE head_dim ", head_dim, " times ", num_attention_heads,
                        " heads is not hidden_size ", hidden_size),
                 where, "OLMoE splits hidden_size evenly among the heads");
-  TIERMOE_CHECK(family != ModelFamily::qwen3_moe || intermediate_size > 0 ||
-                    num_moe_layers() == num_hidden_layers,
+  TIERMOE_CHECK(!moe_width_field || intermediate_size > 0 || num_moe_layers() == num_hidden_layers,
                 "intermediate_size must be positive when some layers are dense", where, "");
   param_counts(*this, where);  // throws when a count overflows 64 bits
 }
@@ -444,6 +504,9 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
     case ModelFamily::qwen3_moe: parse_qwen3_moe(f, c); break;
     case ModelFamily::mixtral: parse_mixtral(f, c); break;
     case ModelFamily::olmoe: parse_olmoe(f, c); break;
+    case ModelFamily::qwen2_moe:
+      parse_qwen2_moe(f, c);
+      break;
   }
   c.validate(path);
   return c;
@@ -521,75 +584,28 @@ std::string ModelConfig::to_json() const {
       j["attention_bias"] = attention_bias;
       j["clip_qkv"] = opt(clip_qkv);
       break;
+    case ModelFamily::qwen2_moe:
+      j["architectures"] = {"Qwen2MoeForCausalLM"};
+      j["intermediate_size"] = intermediate_size;
+      j["moe_intermediate_size"] = moe_intermediate_size;
+      j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
+      j["num_experts"] = num_experts;
+      j["norm_topk_prob"] = norm_topk_prob;
+      j["decoder_sparse_step"] = decoder_sparse_step;
+      j["mlp_only_layers"] = mlp_only_layers;
+      j["qkv_bias"] = qkv_bias;
+      j["use_sliding_window"] = false;
+      j["sliding_window"] = opt(sliding_window);
+      j["max_window_layers"] = max_window_layers.value_or(num_hidden_layers);
+      // head_dim only when it is not D / H (Qwen2MoeConfig has no such field).
+      if (head_dim * num_attention_heads != hidden_size) j["head_dim"] = head_dim;
+      break;
   }
   return j.dump(2) + "\n";
 }
 
 void save_model_config(const ModelConfig& config, const std::string& path) {
   write_file_atomic(path, config.to_json());
-}
-
-std::vector<std::string> preset_names() { return {"tiny", "small", "qwen3-30b-a3b"}; }
-
-ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
-  ModelConfig c;  // Qwen3MoeConfig's defaults, then the preset's shape
-  c.norm_topk_prob = true;
-  c.tie_word_embeddings = false;
-  c.rms_norm_eps = 1e-6;
-  if (name == "tiny") {
-    c.vocab_size = 256;
-    c.hidden_size = 64;
-    c.intermediate_size = 128;
-    c.moe_intermediate_size = 32;
-    c.num_hidden_layers = 2;
-    c.num_attention_heads = 4;
-    c.num_key_value_heads = 2;
-    c.head_dim = 16;
-    c.num_experts = 8;
-    c.num_experts_per_tok = 2;
-    c.max_position_embeddings = 512;
-  } else if (name == "small") {
-    c.vocab_size = 4096;
-    c.hidden_size = 256;
-    c.intermediate_size = 512;
-    c.moe_intermediate_size = 128;
-    c.num_hidden_layers = 4;
-    c.num_attention_heads = 8;
-    c.num_key_value_heads = 2;
-    c.head_dim = 32;
-    c.num_experts = 16;
-    c.num_experts_per_tok = 4;
-    c.max_position_embeddings = 2048;
-  } else if (name == "qwen3-30b-a3b") {
-    // Qwen/Qwen3-30B-A3B's config.json as published on the Hugging Face Hub.
-    c.vocab_size = 151936;
-    c.hidden_size = 2048;
-    c.intermediate_size = 6144;
-    c.moe_intermediate_size = 768;
-    c.num_hidden_layers = 48;
-    c.num_attention_heads = 32;
-    c.num_key_value_heads = 4;
-    c.head_dim = 128;
-    c.num_experts = 128;
-    c.num_experts_per_tok = 8;
-    c.rope_theta = 1e6;
-    c.max_position_embeddings = 40960;
-    c.bos_token_id = 151643;
-    c.eos_token_id = {151645};
-  } else {
-    std::string names;
-    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
-    throw Error(str_of("unknown preset '", name, "'"), "--preset", "use one of " + names);
-  }
-  if (layers) {
-    check_in_range(*layers, 1, ModelConfig::kMaxLayers, "--layers",
-                   "the model needs at least one decoder layer, and published models have at "
-                   "most a few hundred");
-    c.num_hidden_layers = *layers;
-  }
-  c.max_window_layers = c.num_hidden_layers;
-  c.validate(str_of("preset ", name));
-  return c;
 }
 
 ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
@@ -609,7 +625,8 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
   n.per_expert = mul({3, D, c.moe_intermediate_size});
 
   int64_t attention = add({mul({D, H, P}), mul({2, D, Hkv, P}), mul({H, P, D})});  // q, k, v, o
-  if (c.attention_bias) attention = add({attention, mul({H, P}), mul({2, Hkv, P}), D});
+  if (c.q_k_v_bias()) attention = add({attention, mul({H, P}), mul({2, Hkv, P})});
+  if (c.attention_bias) attention = add({attention, D});
   switch (c.qk_norm()) {
     case QkNorm::none: break;
     case QkNorm::per_head: attention = add({attention, mul({2, P})}); break;
@@ -620,9 +637,13 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
   const int64_t dense_layers = c.num_hidden_layers - moe_layers;
 
   n.experts = mul({moe_layers, E, n.per_expert});
-  n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
-                 mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
-                 n.experts, mul({dense_layers, 3, D, c.intermediate_size})});
+  // A gated shared expert: its gate, up and down projections and its [1, D] gate.
+  const int64_t shared =
+      c.has_shared_expert() ? add({mul({3, D, c.shared_expert_intermediate_size}), D}) : 0;
+  n.total =
+      add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
+           mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */, n.experts,
+           mul({moe_layers, shared}), mul({dense_layers, 3, D, c.intermediate_size})});
   n.active_per_token = n.total - mul({moe_layers, std::max<int64_t>(E - K, 0), n.per_expert});
   return n;
 }

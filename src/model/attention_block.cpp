@@ -39,9 +39,9 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute, MatrixAlloc 
       P_(c.head_dim),
       eps_(c.rms_norm_eps) {
   const int64_t D = c.hidden_size;
-  q_proj_ = Linear::zeros(H_ * P_, D, c.attention_bias, compute, alloc);
-  k_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute, alloc);
-  v_proj_ = Linear::zeros(Hkv_ * P_, D, c.attention_bias, compute, alloc);
+  q_proj_ = Linear::zeros(H_ * P_, D, c.q_k_v_bias(), compute, alloc);
+  k_proj_ = Linear::zeros(Hkv_ * P_, D, c.q_k_v_bias(), compute, alloc);
+  v_proj_ = Linear::zeros(Hkv_ * P_, D, c.q_k_v_bias(), compute, alloc);
   o_proj_ = Linear::zeros(D, H_ * P_, c.attention_bias, compute, alloc);
   if (qk_norm_ == QkNorm::per_head) {
     q_norm_ = Weight::zeros({P_}, compute);
@@ -61,8 +61,8 @@ std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
     out.push_back({"q_proj.bias", &q_proj_.bias});
     out.push_back({"k_proj.bias", &k_proj_.bias});
     out.push_back({"v_proj.bias", &v_proj_.bias});
-    out.push_back({"o_proj.bias", &o_proj_.bias});
   }
+  if (o_proj_.bias.value.defined()) out.push_back({"o_proj.bias", &o_proj_.bias});
   if (qk_norm_ != QkNorm::none) {
     out.push_back({"q_norm.weight", &q_norm_});
     out.push_back({"k_norm.weight", &k_norm_});

@@ -74,6 +74,22 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     return t.defined() ? t.rows(r0, r1) : Tensor();
   };
 
+  // A dense SwiGLU MLP under `module` ("model.layers.0.mlp."): gate_proj and
+  // up_proj are row slices of its stacked w13.
+  auto dense = [&](const std::string& module, DenseMlp& mlp) {
+    Weight& w13 = mlp.w13();
+    const int64_t I = mlp.intermediate();
+    Tensor g13 = with_grads ? w13.grad_sink() : Tensor();
+    auto set13 = [&w13](bool on) { w13.set_requires_grad(on); };
+    out.push_back({{module + "gate_proj.weight", HfRole::dense_mlp, slice(w13.value, 0, I),
+                    slice(g13, 0, I), w13.requires_grad},
+                   set13});
+    out.push_back({{module + "up_proj.weight", HfRole::dense_mlp, slice(w13.value, I, 2 * I),
+                    slice(g13, I, 2 * I), w13.requires_grad},
+                   set13});
+    weight(module + "down_proj.weight", HfRole::dense_mlp, mlp.down());
+  };
+
   weight("model.embed_tokens.weight", HfRole::embedding, embed_);
   for (auto& layer : layers_) {
     const std::string& p = layer->prefix();
@@ -86,15 +102,7 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     }
     weight(p + "post_attention_layernorm.weight", HfRole::norm, layer->post_attention_layernorm());
     if (DenseMlp* mlp = layer->dense_mlp()) {
-      Weight& w13 = mlp->w13();
-      const int64_t I = mlp->intermediate();
-      Tensor g13 = with_grads ? w13.grad_sink() : Tensor();
-      auto set13 = [&w13](bool on) { w13.set_requires_grad(on); };
-      out.push_back({{p + "mlp.gate_proj.weight", HfRole::dense_mlp, slice(w13.value, 0, I),
-                      slice(g13, 0, I), w13.requires_grad}, set13});
-      out.push_back({{p + "mlp.up_proj.weight", HfRole::dense_mlp, slice(w13.value, I, 2 * I),
-                      slice(g13, I, 2 * I), w13.requires_grad}, set13});
-      weight(p + "mlp.down_proj.weight", HfRole::dense_mlp, mlp->down());
+      dense(p + "mlp.", *mlp);
       continue;
     }
     MoeBlock& moe = *layer->moe();
@@ -132,6 +140,10 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
       out.push_back({{ep + names[2] + ".weight", HfRole::expert, w2_e, g2_e, experts_on, global},
                      set_experts});
     }
+    if (SharedExpert* shared = layer->shared_expert()) {
+      dense(block + "shared_expert.", shared->mlp());
+      weight(block + "shared_expert_gate.weight", HfRole::router, shared->gate());
+    }
   }
   weight("model.norm.weight", HfRole::norm, norm_);
   if (lm_head_.value.defined()) weight("lm_head.weight", HfRole::lm_head, lm_head_);
@@ -158,6 +170,11 @@ void CausalLM::zero_grad() {
       mlp->down().zero_grad();
     } else {
       layer->moe()->zero_grad();
+    }
+    if (SharedExpert* shared = layer->shared_expert()) {
+      shared->mlp().w13().zero_grad();
+      shared->mlp().down().zero_grad();
+      shared->gate().zero_grad();
     }
     for (LoraAdapter* a : layer->lora_adapters()) a->zero_grad();
   }

@@ -182,9 +182,10 @@ std::vector<Tensor> views_of(const CheckpointTensors& ck, const std::vector<std:
   return parts;
 }
 
-// The on-disk parts of a dense MLP's and of expert e's W13, gate then up.
-std::vector<std::string> dense_w13_names(const std::string& layer_prefix) {
-  return {layer_prefix + "mlp.gate_proj.weight", layer_prefix + "mlp.up_proj.weight"};
+// The on-disk parts of a dense MLP's (under `module`: "model.layers.0.mlp.",
+// or a shared expert's "...mlp.shared_expert.") and of expert e's W13, gate then up.
+std::vector<std::string> dense_w13_names(const std::string& module) {
+  return {module + "gate_proj.weight", module + "up_proj.weight"};
 }
 std::vector<std::string> expert_w13_names(const ModelConfig& c, const std::string& layer_prefix,
                                           int64_t e) {
@@ -270,11 +271,17 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
         w->value = bound_matrix(ck, {p + "self_attn." + suffix}, w->value.shape(), c);
       }
     }
+    auto bind_dense = [&](const std::string& module, DenseMlp& mlp) {
+      mlp.w13().value = bound_matrix(ck, dense_w13_names(module), mlp.w13().value.shape(), c);
+      mlp.down().value =
+          bound_matrix(ck, {module + "down_proj.weight"}, mlp.down().value.shape(), c);
+    };
     if (DenseMlp* mlp = layer->dense_mlp()) {
-      mlp->w13().value = bound_matrix(ck, dense_w13_names(p), mlp->w13().value.shape(), c);
-      mlp->down().value =
-          bound_matrix(ck, {p + "mlp.down_proj.weight"}, mlp->down().value.shape(), c);
+      bind_dense(p + "mlp.", *mlp);
       continue;
+    }
+    if (SharedExpert* shared = layer->shared_expert()) {
+      bind_dense(p + "mlp.shared_expert.", shared->mlp());
     }
     GroupedExperts& ex = layer->moe()->experts();
     const int64_t El = local_experts(), F = config_.moe_intermediate_size;
@@ -310,9 +317,10 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     if (!c.is_moe_layer(l)) {
-      count(dense_w13_names(p));
+      count(dense_w13_names(p + "mlp."));
       continue;
     }
+    if (c.has_shared_expert()) count(dense_w13_names(p + "mlp.shared_expert."));
     if (ck.contains(fused_experts_prefix(l) + "gate_up_proj")) continue;  // one tensor: in place
     for (int64_t e = first_expert; e < first_expert + experts; ++e) {
       count(expert_w13_names(c, p, e));

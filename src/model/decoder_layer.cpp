@@ -27,6 +27,10 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
       attn_(c, compute, alloc) {
   if (c.is_moe_layer(layer)) {
     moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_, alloc);
+    if (c.has_shared_expert()) {
+      shared_ = std::make_unique<SharedExpert>(c.hidden_size, c.shared_expert_intermediate_size,
+                                               compute, alloc);
+    }
   } else {
     mlp_ = std::make_unique<DenseMlp>(c.hidden_size, c.intermediate_size, compute, alloc);
   }
@@ -37,6 +41,7 @@ void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
   if (mlp_) {
     mlp_->enable_lora(config, mlp_name_ + ".", rng);
   } else {
+    if (shared_) shared_->enable_lora(config, mlp_name_ + ".shared_expert.", rng);
     moe_->enable_lora(config, rng);
   }
 }
@@ -51,6 +56,9 @@ std::vector<LoraAdapter*> DecoderLayer::lora_adapters() {
   std::vector<LoraAdapter*> out = attn_.lora_adapters();
   if (mlp_) {
     for (LoraAdapter* a : mlp_->lora_adapters()) out.push_back(a);
+  }
+  if (shared_) {
+    for (LoraAdapter* a : shared_->lora_adapters()) out.push_back(a);
   }
   return out;
 }
@@ -82,6 +90,10 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   t0 = Clock::now();
   if (moe_) {
     out_TD = moe_->forward(m_TD, saved.moe, weight_grads);
+    if (shared_) {
+      timed(step_times_, StepPart::projections,
+            [&] { shared_->forward_add(out_TD, m_TD, saved.shared); });
+    }
   } else {
     out_TD = Tensor::empty({T, D}, dt);
     timed(step_times_, StepPart::projections, [&] { mlp_->forward(out_TD, m_TD, saved.mlp); });
@@ -103,6 +115,10 @@ void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTabl
   auto t0 = Clock::now();
   if (moe_) {
     moe_->backward(dm_TD, dout_TD, saved.moe, dlogits_extra_TE);
+    if (shared_) {
+      timed(step_times_, StepPart::projections,
+            [&] { shared_->backward_add(dm_TD, dout_TD, saved.shared); });
+    }
   } else {
     timed(step_times_, StepPart::projections, [&] { mlp_->backward(dm_TD, dout_TD, saved.mlp); });
   }

@@ -1,5 +1,6 @@
 #include "tiermoe/model/lora.h"
 
+#include <cctype>
 #include <charconv>
 #include <cmath>
 #include <utility>
@@ -28,16 +29,34 @@ std::string_view trim(std::string_view s) {
   return s;
 }
 
+// A target is a projection name, or a module path's tail ending in one
+// ("shared_expert.gate_proj", "self_attn.q_proj"): PEFT matches either as a
+// suffix of the module path. Only a bare name adapts the routed experts.
 void check_target_name(std::string_view name, std::string_view where) {
-  TIERMOE_CHECK(
-      name != "gate" && name != "mlp.gate" && name != "router",
-      "'" + std::string(name) + "' names the MoE router (mlp.gate), which is never adapted",
-      std::string(where), "LoRA adapts the experts through gate_proj, up_proj and down_proj");
+  const size_t dot = name.rfind('.');
+  const std::string_view leaf = dot == std::string_view::npos ? name : name.substr(dot + 1);
+  TIERMOE_CHECK(leaf != "gate" && leaf != "router" && leaf != "shared_expert_gate",
+                "'" + std::string(name) +
+                    "' names a router (mlp.gate, shared_expert_gate), which is never "
+                    "adapted",
+                std::string(where),
+                "LoRA adapts the experts through gate_proj, up_proj and down_proj");
+  bool path_ok = true;  // the parts before the leaf: non-empty names
+  for (size_t i = 0, start = 0; dot != std::string_view::npos && i <= dot; ++i) {
+    const char ch = name[i];
+    if (ch == '.') {
+      path_ok &= i > start;
+      start = i + 1;
+    } else {
+      path_ok &= std::isalnum(static_cast<unsigned char>(ch)) || ch == '_';
+    }
+  }
   for (std::string_view n : kLoraTargetNames) {
-    if (name == n) return;
+    if (leaf == n && path_ok) return;
   }
   throw Error("unknown LoRA target '" + std::string(name) + "'", std::string(where),
-              "valid targets: " + valid_targets_text());
+              "valid targets: " + valid_targets_text() +
+                  ", or a module path ending in one (shared_expert.gate_proj)");
 }
 
 // The column of output element (i, o) in a row of a wider tensor.

@@ -61,6 +61,7 @@ struct Sizes {
 // (activations), alive until backward ends.
 size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_attn,
                   int64_t lora_mlp) {
+  // lora_mlp: the dense MLP's adapted projections, or in a MoE layer the shared expert's.
   const int64_t HP = z.H * z.P, KP = z.Hkv * z.P;
   const QkNorm qk = c.qk_norm();
   size_t b = size_t(z.N) * (3 * z.D) * z.s;  // input, normed input, h
@@ -71,6 +72,9 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_a
   b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;      // o, lse
   b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
   if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
+  if (moe && c.has_shared_expert()) {  // its h [N, 2S], a [N, S], output m [N, D], gate s [N]
+    b += size_t(z.N) * (z.D + 3 * c.shared_expert_intermediate_size) * z.s + size_t(z.N) * z.a;
+  }
   return b;
 }
 
@@ -137,12 +141,13 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // than the run's; narrower ones are widened by the products (*_mixed).
   const bool keep_stored = mapped && is_narrower_or_same(stored->dtype, dt);
   const bool mixed = keep_stored && stored->dtype != dt;
-  int64_t trainable = 0, replicated_trainable = 0, lora_attn_modules = 0, lora_dense_modules = 0;
+  int64_t trainable = 0, replicated_trainable = 0, lora_attn_modules = 0, lora_dense_modules = 0,
+          lora_shared_modules = 0;
   bool lora_w13 = false, lora_w2 = false;
   // One adapted projection's backward (model/lora.cpp) holds, per row, the
   // branch gradient (out) and du (R) in the master dtype, and in a bf16 run
   // the input widened to it (in); the largest of an attention block's and of
-  // a dense MLP's adapted projections.
+  // a dense MLP's (or shared expert's) adapted projections.
   int64_t lora_attn_bwd = 0, lora_dense_bwd = 0;
   const bool widened = lora && lora_master_dtype(dt) != dt;
   for (const HfTensor& t : hf_tensors(c)) {
@@ -172,7 +177,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
       lora_attn_bwd = std::max(lora_attn_bwd, bwd);
     }
     if (t.role == HfRole::dense_mlp) {
-      ++lora_dense_modules;
+      ++(t.name.find(".shared_expert.") != std::string::npos ? lora_shared_modules
+                                                             : lora_dense_modules);
       lora_dense_bwd = std::max(lora_dense_bwd, bwd);
     }
     if (t.role == HfRole::expert) {
@@ -233,14 +239,17 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const int64_t dense_layers = layers - moe_layers;
   const int64_t lora_attn_per_layer = layers ? lora_attn_modules / layers : 0;
   const int64_t lora_dense_per_layer = dense_layers ? lora_dense_modules / dense_layers : 0;
+  const int64_t lora_shared_per_layer = moe_layers ? lora_shared_modules / moe_layers : 0;
   size_t kept = 0;
   for (int64_t l = 0; l < layers; ++l) {
     const bool moe = c.num_experts > 0 && c.is_moe_layer(l);
-    kept += layer_kept(z, c, moe, lora_attn_per_layer, moe ? 0 : lora_dense_per_layer);
+    kept += layer_kept(z, c, moe, lora_attn_per_layer,
+                       moe ? lora_shared_per_layer : lora_dense_per_layer);
   }
   if (dt == DType::f64) {
     // f64 LoRA intermediates are twice the fp32 ones layer_kept counted.
-    kept += size_t(z.N) * z.R * 4 * size_t(lora_attn_modules + lora_dense_modules);
+    kept += size_t(z.N) * z.R * 4 *
+            size_t(lora_attn_modules + lora_dense_modules + lora_shared_modules);
   }
   kept += size_t(z.N) * z.D * z.s;      // the last layer's output (the final norm's input)
   kept += 2 * size_t(z.N) * z.P * z.s;  // RoPE cos and sin
@@ -298,6 +307,14 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     mlp_bwd = std::max(mlp_bwd, 3 * ND + size_t(z.N) * 3 * z.I * z.s +
                                     size_t(z.N * lora_dense_bwd) * master +
                                     mixed_dx(z.N, {{2 * z.I, z.D}, {z.D, z.I}}));
+  }
+  if (moe_layers && c.has_shared_expert()) {
+    // After the routed experts' backward: the shared expert's dm and its
+    // MLP's da and dh, over the MoE half's dx, dprev and dm.
+    const int64_t S = c.shared_expert_intermediate_size;
+    mlp_bwd = std::max(mlp_bwd, 4 * ND + size_t(z.N) * 3 * S * z.s +
+                                    size_t(z.N * lora_dense_bwd) * master +
+                                    mixed_dx(z.N, {{2 * S, z.D}, {z.D, S}}));
   }
   at(p, MemTag::activations) = kept + std::max({head, attn_bwd, mlp_bwd});
 

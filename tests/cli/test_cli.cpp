@@ -301,10 +301,13 @@ TEST_F(Cli, BadFlagsGiveClearErrors) {
   };
   const std::vector<Case> cases = {
       {{"init", "--preset", "huge", "--out", out}, 1, "unknown preset 'huge'"},
-      {{"init", "--preset", "huge", "--out", out}, 1, "tiny, small, qwen3-30b-a3b"},
+      {{"init", "--preset", "huge", "--out", out},
+       1,
+       "tiny, tiny-qwen2-moe, small, qwen3-30b-a3b, qwen2-57b-a14b"},
       {{"init", "--preset", "tiny", "--out", out, "--dtype", "f16"}, 1, "unknown dtype 'f16'"},
       {{"init", "--preset", "tiny", "--out", out, "--layers", "0"}, 2, "--layers"},
-      {{"init", "--preset", "tiny", "--out", out, "--max-shard-size", "lots"}, 1,
+      {{"init", "--preset", "tiny", "--out", out, "--max-shard-size", "lots"},
+       1,
        "cannot read 'lots' as a byte count"},
       {{"init", "--preset", "tiny", "--out", out, "--seed", "-3"}, 2, "--seed"},
       {{"init", "--preset", "tiny"}, 2, "--out is required"},

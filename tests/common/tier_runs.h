@@ -20,9 +20,10 @@ namespace tiermoe::testing {
 
 // The tiny preset, 6 steps of 4 x 16 tokens at lr 3e-3. LoRA on the
 // attention projections: the experts stay frozen.
-inline TrainConfig tiny_tier_run(DType dtype, bool lora, const std::string& absorb = "auto") {
+inline TrainConfig tiny_tier_run(DType dtype, bool lora, const std::string& absorb = "auto",
+                                 const std::string& preset = "tiny") {
   TrainConfig c;
-  c.preset = "tiny";
+  c.preset = preset;
   c.dtype = dtype;
   c.seed = 11;
   c.corpus_tokens = 4096;

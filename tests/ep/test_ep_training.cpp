@@ -32,11 +32,12 @@ struct Case {
   bool device_tier;
   const char* sft_data = nullptr;  // under tests/data: SFT JSON Lines instead of the corpus
   bool pack = true;
+  const char* preset = "tiny";
 };
 
 TrainConfig tiny_run(const Case& k) {
   TrainConfig c;
-  c.preset = "tiny";
+  c.preset = k.preset;
   c.dtype = k.dtype;
   c.seed = 5;
   c.corpus_tokens = 4096;
@@ -123,22 +124,27 @@ TEST_P(EpTraining, StepsEqualOneRankBitwise) {
 
 INSTANTIATE_TEST_SUITE_P(
     , EpTraining,
-    ::testing::Values(Case{"f64_full_absorbed", DType::f64, nullptr, "auto", "none", false},
-                      Case{"f64_full_postcombine", DType::f64, nullptr, "off", "none", false},
-                      Case{"f32_full_remat", DType::f32, nullptr, "auto", "full", false},
-                      Case{"f32_lora_attention", DType::f32, "q_proj,v_proj", "auto", "none",
-                           false},
-                      Case{"f64_lora_experts", DType::f64, "q_proj,gate_proj,up_proj,down_proj",
-                           "off", "default", false},
-                      Case{"f64_full_device_tier", DType::f64, nullptr, "auto", "none", true},
-                      Case{"f32_full_device_tier", DType::f32, nullptr, "auto", "none", true},
-                      Case{"bf16_full_device_tier", DType::bf16, nullptr, "auto", "default", true},
-                      Case{"f64_lora_device_tier", DType::f64, "q_proj,k_proj,v_proj,o_proj", "off",
-                           "full", true},
-                      Case{"f32_full_sft_packed", DType::f32, nullptr, "auto", "none", false,
-                           "model/sft/data.jsonl", true},
-                      Case{"f64_lora_sft_padded", DType::f64, "q_proj,gate_proj", "off", "none",
-                           false, "model/sft/data.jsonl", false}),
+    ::testing::Values(
+        Case{"f64_full_absorbed", DType::f64, nullptr, "auto", "none", false},
+        Case{"f64_full_postcombine", DType::f64, nullptr, "off", "none", false},
+        Case{"f32_full_remat", DType::f32, nullptr, "auto", "full", false},
+        Case{"f32_lora_attention", DType::f32, "q_proj,v_proj", "auto", "none", false},
+        Case{"f64_lora_experts", DType::f64, "q_proj,gate_proj,up_proj,down_proj", "off", "default",
+             false},
+        Case{"f64_full_device_tier", DType::f64, nullptr, "auto", "none", true},
+        Case{"f32_full_device_tier", DType::f32, nullptr, "auto", "none", true},
+        Case{"bf16_full_device_tier", DType::bf16, nullptr, "auto", "default", true},
+        Case{"f64_lora_device_tier", DType::f64, "q_proj,k_proj,v_proj,o_proj", "off", "full",
+             true},
+        Case{"f32_full_sft_packed", DType::f32, nullptr, "auto", "none", false,
+             "model/sft/data.jsonl", true},
+        Case{"f64_lora_sft_padded", DType::f64, "q_proj,gate_proj", "off", "none", false,
+             "model/sft/data.jsonl", false},
+        // Qwen2-MoE: the shared expert is replicated like attention.
+        Case{"qwen2_f64_full_remat", DType::f64, nullptr, "auto", "full", false, nullptr, true,
+             "tiny-qwen2-moe"},
+        Case{"qwen2_f32_lora_experts_and_shared", DType::f32, "q_proj,gate_proj,up_proj,down_proj",
+             "off", "default", false, nullptr, true, "tiny-qwen2-moe"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -236,7 +236,9 @@ TEST_P(ModelConfigErrors, NameFileFieldAndHint) {
 INSTANTIATE_TEST_SUITE_P(
     All, ModelConfigErrors,
     ::testing::Values(
-        BadConfig{"unknown_type", R"({"model_type": "llama"})", {"llama", "qwen3_moe, mixtral"}},
+        BadConfig{"unknown_type",
+                  R"({"model_type": "llama"})",
+                  {"llama", "qwen3_moe, qwen2_moe, mixtral"}},
         BadConfig{"no_type", R"({"hidden_size": 64})", {"model_type"}},
         BadConfig{"invalid_json", R"({"model_type": "qwen3_moe",)", {"invalid JSON"}},
         BadConfig{"not_object", R"([1, 2])", {"array"}},
@@ -251,43 +253,62 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"k_above_e",
                   R"({"model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 8})",
                   {"num_experts_per_tok", "E = 4"}},
-        BadConfig{"zero_hidden", R"({"model_type": "qwen3_moe", "hidden_size": 0})",
+        BadConfig{"zero_hidden",
+                  R"({"model_type": "qwen3_moe", "hidden_size": 0})",
                   {"hidden_size", "positive"}},
-        BadConfig{"negative_vocab", R"({"model_type": "qwen3_moe", "vocab_size": -1})",
+        BadConfig{"negative_vocab",
+                  R"({"model_type": "qwen3_moe", "vocab_size": -1})",
                   {"vocab_size", "positive"}},
-        BadConfig{"zero_experts_mixtral", R"({"model_type": "mixtral", "num_local_experts": 0})",
+        BadConfig{"zero_experts_mixtral",
+                  R"({"model_type": "mixtral", "num_local_experts": 0})",
                   {"num_local_experts"}},
-        BadConfig{"string_size", R"({"model_type": "qwen3_moe", "hidden_size": "2048"})",
+        BadConfig{"string_size",
+                  R"({"model_type": "qwen3_moe", "hidden_size": "2048"})",
                   {"hidden_size", "integer", "string"}},
-        BadConfig{"float_size", R"({"model_type": "qwen3_moe", "hidden_size": 2048.0})",
+        BadConfig{"float_size",
+                  R"({"model_type": "qwen3_moe", "hidden_size": 2048.0})",
                   {"hidden_size", "integer"}},
-        BadConfig{"int_bool", R"({"model_type": "qwen3_moe", "norm_topk_prob": 1})",
+        BadConfig{"int_bool",
+                  R"({"model_type": "qwen3_moe", "norm_topk_prob": 1})",
                   {"norm_topk_prob", "true or false"}},
-        BadConfig{"string_eps", R"({"model_type": "qwen3_moe", "rms_norm_eps": "1e-6"})",
+        BadConfig{"string_eps",
+                  R"({"model_type": "qwen3_moe", "rms_norm_eps": "1e-6"})",
                   {"rms_norm_eps", "number"}},
-        BadConfig{"list_type", R"({"model_type": "qwen3_moe", "mlp_only_layers": [0.5]})",
+        BadConfig{"list_type",
+                  R"({"model_type": "qwen3_moe", "mlp_only_layers": [0.5]})",
                   {"mlp_only_layers"}},
         BadConfig{"mlp_only_out_of_range",
                   R"({"model_type": "qwen3_moe", "num_hidden_layers": 2, "mlp_only_layers": [2]})",
                   {"mlp_only_layers", "layer 2"}},
-        BadConfig{"gelu", R"({"model_type": "qwen3_moe", "hidden_act": "gelu"})",
+        BadConfig{"gelu",
+                  R"({"model_type": "qwen3_moe", "hidden_act": "gelu"})",
                   {"hidden_act", "gelu", "silu"}},
-        BadConfig{"yarn", R"({"model_type": "qwen3_moe",
+        BadConfig{"yarn",
+                  R"({"model_type": "qwen3_moe",
                       "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
                   {"rope_scaling", "yarn"}},
-        BadConfig{"sliding", R"({"model_type": "qwen3_moe", "use_sliding_window": true})",
+        BadConfig{"sliding",
+                  R"({"model_type": "qwen3_moe", "use_sliding_window": true})",
                   {"use_sliding_window"}},
         BadConfig{"aliases_disagree",
                   R"({"model_type": "qwen3_moe", "num_experts": 8, "num_local_experts": 16})",
                   {"num_experts", "num_local_experts"}},
-        BadConfig{"odd_head_dim", R"({"model_type": "qwen3_moe", "head_dim": 15})",
-                  {"head_dim 15"}},
+        BadConfig{
+            "odd_head_dim", R"({"model_type": "qwen3_moe", "head_dim": 15})", {"head_dim 15"}},
         BadConfig{"pad_outside_vocab",
                   R"({"model_type": "olmoe", "vocab_size": 64, "pad_token_id": 64,
                       "hidden_size": 64, "num_attention_heads": 4})",
                   {"pad_token_id 64"}},
-        BadConfig{"jitter", R"({"model_type": "mixtral", "router_jitter_noise": 0.1})",
-                  {"router_jitter_noise"}}),
+        BadConfig{"jitter",
+                  R"({"model_type": "mixtral", "router_jitter_noise": 0.1})",
+                  {"router_jitter_noise"}},
+        BadConfig{"qwen2_sliding_layer",
+                  R"({"model_type": "qwen2_moe", "num_hidden_layers": 2,
+                      "layer_types": ["full_attention", "sliding_attention"]})",
+                  {"layer_types", "sliding_attention"}},
+        BadConfig{"qwen2_no_shared_expert",
+                  R"({"model_type": "qwen2_moe", "shared_expert_intermediate_size": 0})",
+                  {"shared_expert_intermediate_size", "positive"}}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(ModelConfig, ToJsonRoundTripsEveryPresetAndFamily) {
@@ -295,6 +316,9 @@ TEST(ModelConfig, ToJsonRoundTripsEveryPresetAndFamily) {
   for (const auto& name : preset_names()) configs.push_back(preset(name));
   configs.push_back(parse_model_config(kMixtral, "mixtral"));
   configs.push_back(parse_model_config(R"({"model_type": "olmoe", "clip_qkv": 4.5})", "olmoe"));
+  configs.push_back(parse_model_config(R"({"model_type": "qwen2_moe", "qkv_bias": false,
+      "head_dim": 64, "num_attention_heads": 8, "num_key_value_heads": 2})",
+                                       "qwen2_moe"));
   configs.push_back(parse_model_config(R"({"model_type": "qwen3_moe", "num_hidden_layers": 4,
       "decoder_sparse_step": 2, "mlp_only_layers": [1], "tie_word_embeddings": true,
       "attention_bias": true, "pad_token_id": 7, "eos_token_id": [1, 2]})",
@@ -312,7 +336,32 @@ TEST(ModelConfig, ToJsonRoundTripsEveryPresetAndFamily) {
     EXPECT_EQ(back.clip_qkv, c.clip_qkv);
     EXPECT_EQ(back.tie_word_embeddings, c.tie_word_embeddings);
     EXPECT_EQ(back.attention_bias, c.attention_bias);
+    EXPECT_EQ(back.qkv_bias, c.qkv_bias);
+    EXPECT_EQ(back.shared_expert_intermediate_size, c.shared_expert_intermediate_size);
   }
+}
+
+// The config.json transformers 5 itself wrote for the Qwen2-MoE fixture
+// (scripts/fixtures/make_family_fixture.py).
+TEST(ModelConfig, Qwen2MoeAsTransformersWritesIt) {
+  const ModelConfig c =
+      load_model_config(std::string(TIERMOE_TEST_DATA_DIR) + "/families/qwen2_moe");
+  EXPECT_EQ(c.family, ModelFamily::qwen2_moe);
+  EXPECT_EQ(c.qk_norm(), QkNorm::none);
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 24);
+  EXPECT_EQ(c.moe_intermediate_size, 16);
+  EXPECT_EQ(c.intermediate_size, 48);
+  EXPECT_EQ(c.head_dim, 8);  // no head_dim field: D / H
+  EXPECT_EQ(c.num_key_value_heads, 2);
+  EXPECT_EQ(c.mlp_only_layers, std::vector<int64_t>{1});
+  EXPECT_FALSE(c.sliding_window);  // transformers writes 0 for "none"
+  EXPECT_TRUE(c.output_router_logits);
+  EXPECT_EQ(c.torch_dtype, "float64");
+  int64_t n = 0;
+  for (const HfTensor& t : hf_tensors(c)) n += shape_numel(t.shape);
+  EXPECT_EQ(param_counts(c).total, n);
 }
 
 TEST(ModelConfig, ToJsonHasWhatTransformersNeeds) {
@@ -354,7 +403,9 @@ TEST(ModelConfig, Presets) {
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("huge"), std::string::npos);
-    EXPECT_NE(msg.find("tiny, small, qwen3-30b-a3b"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, small, qwen3-30b-a3b, qwen2-57b-a14b"),
+              std::string::npos)
+        << msg;
   }
   EXPECT_THROW(preset("tiny", 0), Error);
 }

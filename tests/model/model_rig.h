@@ -1,12 +1,16 @@
 #pragma once
 // Shared pieces of the model tests: tiny configs of each family, random
 // weights that make every parameter matter, and token batches.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
 #include "common/testing.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/io/safetensors.h"
 #include "tiermoe/model/causal_lm.h"
 
 namespace tiermoe::testing {
@@ -20,14 +24,16 @@ struct SingleThread {
   ~SingleThread() { set_num_threads(0); }
 };
 
-enum class Family { qwen3, olmoe, mixtral };
+enum class Family { qwen3, olmoe, mixtral, qwen2 };
 
-// 3 layers, layer 1 dense (mlp_only_layers; Qwen3 only), q_proj width
-// H*P = 32 != D = 16 (OLMoE requires H*P = D: P = 4 there).
+// 3 layers, layer 1 dense (mlp_only_layers; Qwen3 and Qwen2 only), q_proj
+// width H*P = 32 != D = 16 (OLMoE requires H*P = D: P = 4 there). `bias`:
+// attention_bias, or Qwen2-MoE's qkv_bias (its shared expert is 10 wide).
 inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool bias = false) {
   ModelConfig c = preset("tiny");
   if (f == Family::olmoe) c.family = ModelFamily::olmoe, c.model_type = "olmoe";
   if (f == Family::mixtral) c.family = ModelFamily::mixtral, c.model_type = "mixtral";
+  if (f == Family::qwen2) c.family = ModelFamily::qwen2_moe, c.model_type = "qwen2_moe";
   c.vocab_size = 40;
   c.hidden_size = 16;
   c.intermediate_size = 24;
@@ -41,13 +47,15 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
   c.mlp_only_layers = {1};
   c.norm_topk_prob = norm_topk;
   c.tie_word_embeddings = tied;
-  c.attention_bias = bias;
+  c.attention_bias = bias && f != Family::qwen2;
+  c.qkv_bias = bias && f == Family::qwen2;
+  if (f == Family::qwen2) c.shared_expert_intermediate_size = 10;
   c.output_router_logits = true;
   c.router_aux_loss_coef = 0.05;
   c.max_position_embeddings = 64;
   c.pad_token_id.reset();
   if (f == Family::olmoe) c.head_dim = 4;
-  if (f != Family::qwen3) c.mlp_only_layers.clear();  // only Qwen3 has dense layers
+  if (f == Family::olmoe || f == Family::mixtral) c.mlp_only_layers.clear();  // no dense layers
   return c;
 }
 
@@ -80,6 +88,41 @@ inline Batch make_batch(int64_t V, uint64_t seed, int64_t B = 2, int64_t T = 5) 
     b.targets.push_back(i % 4 == 3 ? -100 : int32_t(rng.below(uint64_t(V))));
   }
   return b;
+}
+
+// Every gradient of `params` against a reference's, stored under the same
+// names in `grads_path` (F64): the parameter sets must be equal, and each
+// element within rtol * |want| + rtol * max|want| of its tensor (the floor
+// follows the tensor's scale: an element near zero is a difference of large
+// terms). Prints the worst element as a fraction of its tolerance.
+inline void expect_grads_match(const std::vector<ModelParam>& params, const std::string& grads_path,
+                               double rtol, const std::string& label) {
+  CheckpointTensors grads = CheckpointTensors::open(grads_path);
+  std::vector<std::string> names;
+  for (const ModelParam& p : params) names.push_back(p.name);
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(names, grads.names()) << label << ": the parameter sets differ";
+  double worst = 0;
+  std::string worst_at;
+  for (const ModelParam& p : params) {
+    if (!grads.contains(p.name)) continue;
+    Tensor want = grads.load(p.name, DType::f64);
+    ASSERT_EQ(want.shape(), p.grad.shape()) << p.name;
+    double max_abs = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) max_abs = std::max(max_abs, std::abs(want.get(i)));
+    EXPECT_TRUE(all_close(p.grad, want, rtol, rtol * max_abs, p.name)) << label;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double tol = rtol * std::abs(want.get(i)) + rtol * max_abs;
+      const double frac = std::abs(p.grad.get(i) - want.get(i)) / tol;
+      if (frac > worst) {
+        worst = frac;
+        worst_at = p.name + "[" + std::to_string(i) + "]: got " + std::to_string(p.grad.get(i)) +
+                   ", want " + std::to_string(want.get(i));
+      }
+    }
+  }
+  std::printf("  %s: worst gradient element at %.3g of its tolerance: %s\n", label.c_str(), worst,
+              worst_at.c_str());
 }
 
 }  // namespace tiermoe::testing

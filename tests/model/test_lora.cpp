@@ -82,6 +82,12 @@ TEST(LoraConfig, PeftListMatching) {
   // A suffix must start at a path component.
   EXPECT_FALSE(lora_targets_module(c, "model.layers.3.self_attn.xq_proj"));
   EXPECT_TRUE(lora_targets_module(c, "model.layers.3.mlp.experts.0.down_proj"));
+  // A path tail matches only modules under it: the shared expert, not the
+  // routed experts or a dense MLP.
+  LoraConfig shared = config_with({"shared_expert.gate_proj"});
+  EXPECT_TRUE(lora_targets_module(shared, "model.layers.0.mlp.shared_expert.gate_proj"));
+  EXPECT_FALSE(lora_targets_module(shared, "model.layers.0.mlp.gate_proj"));
+  EXPECT_FALSE(lora_targets_module(shared, "model.layers.0.mlp.experts.3.gate_proj"));
 }
 
 TEST(LoraConfig, ParseTargets) {
@@ -91,7 +97,15 @@ TEST(LoraConfig, ParseTargets) {
   EXPECT_TRUE(throws_error_with(
       [] { parse_lora_targets("q_proj,w1"); },
       {"unknown LoRA target 'w1'", "--lora-targets", "q_proj, k_proj", "down_proj"}));
-  for (const char* router : {"gate", "mlp.gate", "q_proj,gate"}) {
+  // A module path's tail, as PEFT matches it; its parts must be names.
+  EXPECT_EQ(parse_lora_targets("shared_expert.gate_proj,self_attn.q_proj"),
+            (std::set<std::string>{"shared_expert.gate_proj", "self_attn.q_proj"}));
+  for (const char* bad : {".q_proj", "shared_expert..up_proj", "a b.q_proj", "shared_expert.w1"}) {
+    EXPECT_TRUE(throws_error_with([&] { parse_lora_targets(bad); },
+                                  {"unknown LoRA target", "shared_expert.gate_proj"}))
+        << bad;
+  }
+  for (const char* router : {"gate", "mlp.gate", "q_proj,gate", "mlp.shared_expert_gate"}) {
     EXPECT_TRUE(throws_error_with([&] { parse_lora_targets(router); }, {"router", "never adapted"}))
         << router;
   }

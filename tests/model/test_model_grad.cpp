@@ -70,6 +70,19 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
       want.push_back(k);
     }
   }
+  if (config.has_shared_expert()) {
+    for (const char* k : {"mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
+                          "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight"}) {
+      want.push_back(k);
+    }
+  }
+  if (config.q_k_v_bias()) {
+    for (const char* k :
+         {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
+      want.push_back(k);
+    }
+  }
+  EXPECT_EQ(kinds.count("self_attn.o_proj.bias"), config.attention_bias ? 1u : 0u);
   for (const auto& k : want) EXPECT_TRUE(kinds.count(k)) << k;
   EXPECT_EQ(kinds.count("lm_head.weight"), config.tie_word_embeddings ? 0u : 1u);
   EXPECT_EQ(kinds.count("self_attn.q_norm.weight"), config.qk_norm() == QkNorm::none ? 0u : 1u);
@@ -91,8 +104,12 @@ TEST(ModelGrad, MixtralMatchesFiniteDifferences) {
   check_model_fd(testing::tiny_model_config(Family::mixtral, false, false), 14);
 }
 
+TEST(ModelGrad, Qwen2SharedExpertQkvBiasMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::qwen2, false, false, true), 15);
+}
+
 TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
-  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral}) {
+  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral, Family::qwen2}) {
     for (bool tied : {false, true}) {
       ModelConfig c = testing::tiny_model_config(f, tied, true, tied);
       CausalLM model(c, DType::f32);

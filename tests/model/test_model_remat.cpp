@@ -39,9 +39,9 @@ Run run(CausalLM& model, const testing::Batch& b, const std::string& policy, Abs
   return r;
 }
 
-void expect_policies_bitwise(DType dt, bool lora) {
+void expect_policies_bitwise(DType dt, bool lora, Family family = Family::qwen3) {
   testing::SingleThread one_thread;
-  CausalLM model(testing::tiny_model_config(Family::qwen3, false, true), dt);
+  CausalLM model(testing::tiny_model_config(family, false, true, family == Family::qwen2), dt);
   testing::randomize(model, 11);
   if (lora) {
     LoraConfig cfg;
@@ -86,6 +86,9 @@ TEST(ModelRemat, FullFineTuningIsBitwiseUnderEveryPolicyBf16) {
 }
 TEST(ModelRemat, LoraIsBitwiseUnderEveryPolicyF32) { expect_policies_bitwise(DType::f32, true); }
 TEST(ModelRemat, LoraIsBitwiseUnderEveryPolicyBf16) { expect_policies_bitwise(DType::bf16, true); }
+TEST(ModelRemat, Qwen2LoraIsBitwiseUnderEveryPolicyBf16) {
+  expect_policies_bitwise(DType::bf16, true, Family::qwen2);
+}
 
 TEST(ModelRemat, OptionsReachEveryMoeBlock) {
   CausalLM model(testing::tiny_model_config(Family::qwen3, false, true), DType::f32);

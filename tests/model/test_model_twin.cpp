@@ -45,35 +45,7 @@ void check_twin(const std::string& name) {
   }
   std::printf("  %s: loss %.17g (twin %.17g)\n", name.c_str(), loss, want_loss);
 
-  CheckpointTensors grads = CheckpointTensors::open(dir + "/grads.safetensors");
-  std::vector<ModelParam> params = model.params();
-  std::vector<std::string> names;
-  for (const ModelParam& p : params) names.push_back(p.name);
-  std::sort(names.begin(), names.end());
-  EXPECT_EQ(names, grads.names()) << "the parameter sets differ";
-
-  // Worst element over all tensors, as a fraction of its tolerance.
-  double worst = 0;
-  std::string worst_at;
-  for (const ModelParam& p : params) {
-    if (!grads.contains(p.name)) continue;
-    Tensor want = grads.load(p.name, DType::f64);
-    ASSERT_EQ(want.shape(), p.grad.shape()) << p.name;
-    double max_abs = 0;
-    for (int64_t i = 0; i < want.numel(); ++i) max_abs = std::max(max_abs, std::abs(want.get(i)));
-    EXPECT_TRUE(testing::all_close(p.grad, want, 1e-9, 1e-9 * max_abs, p.name));
-    for (int64_t i = 0; i < want.numel(); ++i) {
-      const double tol = 1e-9 * std::abs(want.get(i)) + 1e-9 * max_abs;
-      const double frac = std::abs(p.grad.get(i) - want.get(i)) / tol;
-      if (frac > worst) {
-        worst = frac;
-        worst_at = p.name + "[" + std::to_string(i) + "]: got " + std::to_string(p.grad.get(i)) +
-                   ", want " + std::to_string(want.get(i));
-      }
-    }
-  }
-  std::printf("  %s: worst gradient element at %.3g of its tolerance: %s\n", name.c_str(), worst,
-              worst_at.c_str());
+  testing::expect_grads_match(model.params(), dir + "/grads.safetensors", 1e-9, name);
 }
 
 TEST(ModelTwin, MoeMatchesThePytorchTwin) { check_twin("moe"); }

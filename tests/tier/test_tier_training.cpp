@@ -44,15 +44,17 @@ struct Case {
   DType dtype;
   bool lora;
   const char* absorb;
+  const char* preset = "tiny";
 };
 
 TEST_F(TierTraining, DevicePathEqualsHostPathBitwise) {
-  for (const Case& k : {Case{DType::f64, false, "auto"}, Case{DType::f32, false, "off"},
-                        Case{DType::f32, true, "auto"}, Case{DType::f64, true, "off"},
-                        Case{DType::bf16, false, "auto"}}) {
-    const std::string what = std::string(dtype_name(k.dtype)) + (k.lora ? "_lora" : "_full") +
-                             "_absorb_" + k.absorb;
-    const TrainConfig host_cfg = testing::tiny_tier_run(k.dtype, k.lora, k.absorb);
+  for (const Case& k :
+       {Case{DType::f64, false, "auto"}, Case{DType::f32, false, "off"},
+        Case{DType::f32, true, "auto"}, Case{DType::f64, true, "off"},
+        Case{DType::bf16, false, "auto"}, Case{DType::f32, false, "auto", "tiny-qwen2-moe"}}) {
+    const std::string what = std::string(k.preset) + "_" + std::string(dtype_name(k.dtype)) +
+                             (k.lora ? "_lora" : "_full") + "_absorb_" + k.absorb;
+    const TrainConfig host_cfg = testing::tiny_tier_run(k.dtype, k.lora, k.absorb, k.preset);
     TrainConfig tier_cfg = host_cfg;
     tier_cfg.tier = testing::moving_device_tier(tier_cfg, "cpu", profile_);
     const TrainSummary host = train(host_cfg, "host_" + what);

@@ -45,7 +45,11 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   for (char& ch : remat) {
     if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
-  return c.preset + (c.lora ? (c.adapt_experts ? "_lora_" : "_lora_attn_") : "_full_") +
+  std::string preset = c.preset;
+  for (char& ch : preset) {
+    if (ch == '-') ch = '_';
+  }
+  return preset + (c.lora ? (c.adapt_experts ? "_lora_" : "_lora_attn_") : "_full_") +
          std::string(dtype_name(c.dtype)) + "_" + remat + "_" + std::to_string(c.batch) + "x" +
          std::to_string(c.seq_len);
 }
@@ -97,19 +101,23 @@ TEST_P(MemoryPlanCases, EveryTagWithinTenPercentOfTheMeasuredPeak) {
   expect_within_10_percent(s.memory_plan, case_name({GetParam(), 0}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Presets, MemoryPlanCases,
-                         ::testing::Values(Case{"tiny", true, DType::f32, "none", 4, 64},
-                                           Case{"tiny", false, DType::f32, "none", 4, 64},
-                                           Case{"tiny", false, DType::bf16, "default", 4, 64},
-                                           Case{"tiny", true, DType::bf16, "full", 8, 32},
-                                           Case{"small", true, DType::f32, "none", 2, 128},
-                                           Case{"small", false, DType::f32, "none", 2, 128},
-                                           Case{"small", false, DType::bf16, "full", 2, 128},
-                                           Case{"small", true, DType::f32, "save-w2-only", 4, 64},
-                                           Case{"tiny", true, DType::bf16, "none", 4, 64, false},
-                                           Case{"tiny", true, DType::f32, "default", 4, 64, false},
-                                           Case{"small", true, DType::bf16, "none", 2, 128, false}),
-                         case_name);
+INSTANTIATE_TEST_SUITE_P(
+    Presets, MemoryPlanCases,
+    ::testing::Values(Case{"tiny", true, DType::f32, "none", 4, 64},
+                      Case{"tiny", false, DType::f32, "none", 4, 64},
+                      Case{"tiny", false, DType::bf16, "default", 4, 64},
+                      Case{"tiny", true, DType::bf16, "full", 8, 32},
+                      Case{"small", true, DType::f32, "none", 2, 128},
+                      Case{"small", false, DType::f32, "none", 2, 128},
+                      Case{"small", false, DType::bf16, "full", 2, 128},
+                      Case{"small", true, DType::f32, "save-w2-only", 4, 64},
+                      Case{"tiny", true, DType::bf16, "none", 4, 64, false},
+                      Case{"tiny", true, DType::f32, "default", 4, 64, false},
+                      Case{"small", true, DType::bf16, "none", 2, 128, false},
+                      Case{"tiny-qwen2-moe", true, DType::f32, "none", 4, 64},
+                      Case{"tiny-qwen2-moe", false, DType::bf16, "default", 4, 64},
+                      Case{"tiny-qwen2-moe", true, DType::bf16, "none", 4, 64, false}),
+    case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most
 // `max_shard_bytes`), and the f32 LoRA run that reads it.

@@ -16,7 +16,8 @@ enum class StepPart : uint8_t {
   data,         // drawing the micro-batches
   embedding,    // the token embedding, forward and backward
   norms,        // RMSNorms (q/k norms included), RoPE, residual adds, finite-value guards
-  projections,  // q/k/v/o and dense-MLP products with their LoRA branches: forward, dx, dW
+  projections,  // q/k/v/o, dense-MLP and shared-expert products with their LoRA branches: forward,
+                // dx, dW
   attention,    // the attention core (scores, softmax, P.V and their backward)
   router,       // router logits, top-k, scores and the aux loss, forward and backward
   dispatch,     // the MoE dispatch plan, gathering rows, the combine (all-to-alls with EP)

@@ -19,10 +19,10 @@ enum class HfRole : uint8_t {
   lm_head,    // absent when tie_word_embeddings
   norm,       // every RMSNorm weight (layer norms, q/k norms, final norm)
   attention,  // q, k, v, o projections
-  bias,       // attention biases (attention_bias)
-  router,     // the gate, [E, D]
+  bias,       // attention biases (attention_bias, qkv_bias)
+  router,     // the gate, [E, D]; Qwen2-MoE's shared_expert_gate, [1, D]
   expert,     // one expert's gate, up or down projection
-  dense_mlp,  // the MLP of a non-MoE layer
+  dense_mlp,  // the MLP of a non-MoE layer, and a MoE layer's shared expert
 };
 
 struct HfTensor {

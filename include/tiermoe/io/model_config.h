@@ -1,7 +1,7 @@
 #pragma once
 // A Hugging Face MoE config.json as one struct. Field names and defaults are
-// those of transformers' Qwen3MoeConfig; Mixtral and OLMoE configs map onto
-// the same fields (their expert width lands in moe_intermediate_size), and
+// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE and Qwen2-MoE configs
+// map onto the same fields (their expert width lands in moe_intermediate_size), and
 // `family` records the differences the model must honour (router
 // renormalisation, q/k norm shape, tensor names).
 //
@@ -19,7 +19,7 @@
 
 namespace tiermoe {
 
-enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe };
+enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe, qwen2_moe };
 std::string_view family_name(ModelFamily family);  // the HF model_type
 // config.json's torch_dtype for a TierMoE dtype: "float64", "float32", "bfloat16".
 std::string_view torch_dtype_name(DType dtype);
@@ -63,7 +63,11 @@ struct ModelConfig {
   bool output_router_logits = false;          // HF adds the aux loss only when true
   bool tie_word_embeddings = false;
   int64_t max_position_embeddings = 32768;
-  bool attention_bias = false;
+  bool attention_bias = false;  // a bias on q, k, v and o_proj
+  bool qkv_bias = false;        // Qwen2-MoE: a bias on q, k and v_proj only
+  // Qwen2-MoE: one dense SwiGLU MLP of this width beside the routed experts
+  // of every MoE layer, scaled by sigmoid(shared_expert_gate(x)); 0: none.
+  int64_t shared_expert_intermediate_size = 0;
   std::string hidden_act = "silu";
   double initializer_range = 0.02;
   std::string torch_dtype = "bfloat16";       // the checkpoint's dtype as HF names it
@@ -80,6 +84,8 @@ struct ModelConfig {
   QkNorm qk_norm() const;
   // Mixtral always renormalises the top-K weights, whatever norm_topk_prob says.
   bool renormalize_topk() const { return family == ModelFamily::mixtral || norm_topk_prob; }
+  bool q_k_v_bias() const { return attention_bias || qkv_bias; }
+  bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   int64_t num_moe_layers() const;
 
   // A config.json that transformers loads as-is (AutoConfig and the family's
@@ -101,8 +107,10 @@ ModelConfig load_model_config(const std::string& path);
 // Writes to_json() to `path` (atomically: temporary file, then rename).
 void save_model_config(const ModelConfig& config, const std::string& path);
 
-// Built-in shapes: "tiny" (tests, demo), "small", "qwen3-30b-a3b" (the real
-// Qwen/Qwen3-30B-A3B config). `layers` overrides num_hidden_layers.
+// Built-in shapes (model_presets.cpp): "tiny" and "tiny-qwen2-moe" (tests,
+// demo), "small",
+// "qwen3-30b-a3b" and "qwen2-57b-a14b" (the published configs). `layers`
+// overrides num_hidden_layers.
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers = std::nullopt);
 std::vector<std::string> preset_names();
 
@@ -111,6 +119,7 @@ struct ParamCounts {
   int64_t total = 0;
   int64_t per_expert = 0;        // 3 * D * F (gate, up, down)
   int64_t active_per_token = 0;  // total minus the (E - K) unselected experts of every MoE layer
+                                 // (a shared expert is always active)
   int64_t embedding = 0;         // V * D (the input embedding alone)
   int64_t experts = 0;           // every expert of every MoE layer
 };

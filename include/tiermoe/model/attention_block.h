@@ -1,14 +1,15 @@
 #pragma once
-// The self-attention block of a Qwen3-MoE / OLMoE / Mixtral decoder layer
+// The self-attention block of a Qwen3-MoE / OLMoE / Mixtral / Qwen2-MoE decoder layer
 // (as transformers' modeling files compute it), over B sequences of T tokens
 // at positions 0..T-1:
 //
-//   q = x Wq^T (+bq)  [B*T, H*P]      k, v = x Wk^T, x Wv^T  [B*T, Hkv*P]
+//   q = x Wq^T (+bq)  [B*T, H*P]      k, v = x Wk^T (+bk), x Wv^T (+bv)  [B*T, Hkv*P]
 //   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3), over the whole
 //                                      projection (OLMoE), or none (Mixtral)
 //   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta
 //   o    = causal GQA SDPA(q, k, v)    [B, T, H, P], within each packed document
 //   y    = o Wo^T (+bo)
+// (biases: all four with attention_bias, q/k/v only with Qwen2-MoE's qkv_bias)
 //
 // Forward keeps what backward reads in an AttentionSaved; backward reads it
 // in reverse. Parameter grads accumulate (+=) unless frozen.

@@ -1,5 +1,5 @@
 #pragma once
-// The Qwen3-MoE causal LM (and the Mixtral / OLMoE variants ModelConfig
+// The Qwen3-MoE causal LM (and the Mixtral / OLMoE / Qwen2-MoE variants ModelConfig
 // describes), forward and backward, on Hugging Face semantics:
 //
 //   x      = embed_tokens[ids]                            [B*T, D]
@@ -175,10 +175,12 @@ class CausalLM {
   // ---- LoRA (lora.h)
   // Freezes every base parameter (no base grads are held; experts run a
   // dx-only backward unless adapted) and attaches adapters to the targeted
-  // modules: attention q/k/v/o_proj, dense-MLP gate/up/down_proj, and per
-  // expert gate/up/down_proj when named; never the router. A ~ U(+-1/sqrt(in))
-  // drawn from Rng(seed) in module order (layers in order; in a layer q, k,
-  // v, o, then gate, up, down, per expert for MoE layers), B = 0. Once only;
+  // modules: attention q/k/v/o_proj, dense-MLP and shared-expert
+  // gate/up/down_proj, and per expert gate/up/down_proj when named; never the
+  // router or the shared expert's gate. A ~ U(+-1/sqrt(in)) drawn from
+  // Rng(seed) in module order (layers in order; in a layer q, k, v, o, then
+  // gate, up, down of the dense MLP or the shared expert, then per expert for
+  // MoE layers), B = 0. Once only;
   // Mixtral experts (w1/w2/w3) cannot be targeted; a config matching no
   // module is an Error.
   void enable_lora(const LoraConfig& cfg, uint64_t seed);

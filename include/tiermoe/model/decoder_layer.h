@@ -2,6 +2,7 @@
 // One pre-norm decoder layer:
 //   h   = x + attn(input_layernorm(x))
 //   out = h + mlp(post_attention_layernorm(h))       mlp: dense SwiGLU or sparse MoE
+//                                                    (+ a shared expert: shared_expert.h)
 // Backward is the same in reverse: the residual stream's gradient passes
 // straight through each add and each norm's dx is added onto it.
 #include <memory>
@@ -11,6 +12,7 @@
 #include "tiermoe/model/attention_block.h"
 #include "tiermoe/model/dense_mlp.h"
 #include "tiermoe/model/moe_block.h"
+#include "tiermoe/model/shared_expert.h"
 
 namespace tiermoe {
 
@@ -20,6 +22,7 @@ struct DecoderLayerSaved {
   Tensor h_TD, rstd_post_T;  // post_attention_layernorm's input and statistics
   DenseMlpSaved mlp;
   MoeSaved moe;
+  SharedExpertSaved shared;
 };
 
 // Wall time a layer's halves took, forward and backward added, since the
@@ -41,10 +44,12 @@ class DecoderLayer {
   // The MLP's module path: "model.layers.{i}.mlp" (Mixtral's MoE: "...block_sparse_moe").
   const std::string& mlp_name() const { return mlp_name_; }
 
-  // LoRA on the attention projections, then the dense MLP's or the experts'
-  // (CausalLM::enable_lora), A drawn from `rng` in that order.
+  // LoRA on the attention projections, then the dense MLP's, or the shared
+  // expert's and the routed experts' (CausalLM::enable_lora), A drawn from
+  // `rng` in that order.
   void enable_lora(const LoraConfig& config, Rng& rng);
-  std::vector<LoraAdapter*> lora_adapters();  // attention's, then the dense MLP's
+  std::vector<LoraAdapter*>
+  lora_adapters();  // attention's, then the dense MLP's or shared expert's
 
   // weight_grads = false: no backward with weight gradients follows (evaluation).
   // A NaN/Inf after the attention or the MLP half is an Error naming it
@@ -61,6 +66,7 @@ class DecoderLayer {
   Weight& post_attention_layernorm() { return norm_post_; }
   DenseMlp* dense_mlp() { return mlp_.get(); }
   MoeBlock* moe() { return moe_.get(); }
+  SharedExpert* shared_expert() { return shared_.get(); }  // MoE layers of Qwen2-MoE
   const LayerTimes& times() const { return times_; }
   // Where the layer's parts add their wall time (StepPart): its norms and
   // residual adds, the attention block's and the MLP's parts.
@@ -74,6 +80,7 @@ class DecoderLayer {
   AttentionBlock attn_;
   std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_
   std::unique_ptr<MoeBlock> moe_;
+  std::unique_ptr<SharedExpert> shared_;  // beside moe_, when the config has one
   LayerTimes times_;
   StepTimes* step_times_ = nullptr;
 };

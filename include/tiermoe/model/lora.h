@@ -44,7 +44,9 @@ struct LoraConfig {
   double alpha = 8;
   bool rslora = false;
   // PEFT module names; `--lora-rank R` alone means the attention projections.
-  // Expert (and dense MLP) projections are adapted only when named.
+  // Expert (and dense MLP) projections are adapted only when named. A dotted
+  // name ("shared_expert.gate_proj") matches module paths ending in it, as in
+  // PEFT, and never the routed experts (only a bare name adapts those).
   std::set<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
   double dropout = 0.0;  // only 0 is supported
   // PEFT's layers_to_transform: only these decoder layers are adapted;
@@ -61,8 +63,8 @@ struct LoraConfig {
 std::set<std::string> lora_default_targets();  // q_proj, k_proj, v_proj, o_proj
 
 // Parses a comma-separated list ("q_proj, v_proj,gate_proj"). Unknown names
-// throw an Error listing the valid ones; "gate" or "mlp.gate" throw an Error
-// saying the router is never adapted.
+// throw an Error listing the valid ones; "gate", "mlp.gate" or
+// "shared_expert_gate" throw an Error saying a router is never adapted.
 std::set<std::string> parse_lora_targets(std::string_view list,
                                          std::string_view where = "--lora-targets");
 

@@ -1,0 +1,55 @@
+#pragma once
+// Qwen2-MoE's shared expert: a dense SwiGLU MLP that every token of a MoE
+// layer passes through beside its routed experts, scaled per token by a
+// learned sigmoid gate (Qwen2MoeSparseMoeBlock):
+//
+//   m = mlp(x)                          mlp.shared_expert.{gate,up,down}_proj
+//   s = sigmoid(x . g^T)                mlp.shared_expert_gate.weight g [1, D]
+//   y += s * m                          onto the routed experts' combine
+//
+// The gate and the product run in the accumulation dtype and round once,
+// as torch rounds sigmoid(z) * m; the sum onto y rounds once more.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/tensor.h"
+#include "tiermoe/model/dense_mlp.h"
+#include "tiermoe/model/linear.h"
+#include "tiermoe/model/lora.h"
+
+namespace tiermoe {
+
+struct SharedExpertSaved {
+  DenseMlpSaved mlp;
+  Tensor m_TD;  // the MLP's output, before the gate (the gate's gradient)
+  Tensor s_T;   // sigmoid(x . g^T) per token, accumulation dtype
+  void clear() { *this = SharedExpertSaved(); }
+};
+
+class SharedExpert {
+ public:
+  SharedExpert(int64_t hidden, int64_t intermediate, DType compute,
+               MatrixAlloc alloc = MatrixAlloc::zeroed);
+
+  // y_TD += sigmoid(x_TD g^T) * mlp(x_TD).
+  void forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSaved& saved) const;
+  // dx_TD += d/dx of the above; parameter grads +=.
+  void backward_add(Tensor& dx_TD, const Tensor& dy_TD, const SharedExpertSaved& saved);
+
+  DenseMlp& mlp() { return mlp_; }
+  Weight& gate() { return gate_.weight; }  // (1, D)
+
+  // LoRA on the MLP's gate/up/down_proj (never the scalar gate); `prefix`
+  // is the module path ("model.layers.0.mlp.shared_expert.").
+  void enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng) {
+    mlp_.enable_lora(config, prefix, rng);
+  }
+  std::vector<LoraAdapter*> lora_adapters() { return mlp_.lora_adapters(); }
+
+ private:
+  DenseMlp mlp_;
+  Linear gate_;  // (1, D), no bias
+};
+
+}  // namespace tiermoe

@@ -1,0 +1,108 @@
+// The built-in model shapes of `init --preset`, `plan --preset` and the
+// benches: two small ones for tests and demos, and published configs.
+#include <string>
+#include <vector>
+
+#include "tiermoe/core/bounds.h"
+#include "tiermoe/core/error.h"
+#include "tiermoe/io/model_config.h"
+
+namespace tiermoe {
+
+using detail::str_of;
+
+std::vector<std::string> preset_names() {
+  return {"tiny", "tiny-qwen2-moe", "small", "qwen3-30b-a3b", "qwen2-57b-a14b"};
+}
+
+ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
+  ModelConfig c;  // Qwen3MoeConfig's defaults, then the preset's shape
+  c.norm_topk_prob = true;
+  c.tie_word_embeddings = false;
+  c.rms_norm_eps = 1e-6;
+  if (name == "tiny" || name == "tiny-qwen2-moe") {
+    c.vocab_size = 256;
+    c.hidden_size = 64;
+    c.intermediate_size = 128;
+    c.moe_intermediate_size = 32;
+    c.num_hidden_layers = 2;
+    c.num_attention_heads = 4;
+    c.num_key_value_heads = 2;
+    c.head_dim = 16;
+    c.num_experts = 8;
+    c.num_experts_per_tok = 2;
+    c.max_position_embeddings = 512;
+    if (name == "tiny-qwen2-moe") {  // the same shapes as Qwen2-MoE: q/k/v bias, a shared expert
+      c.family = ModelFamily::qwen2_moe;
+      c.model_type = "qwen2_moe";
+      c.norm_topk_prob = false;
+      c.qkv_bias = true;
+      c.shared_expert_intermediate_size = 48;
+    }
+  } else if (name == "small") {
+    c.vocab_size = 4096;
+    c.hidden_size = 256;
+    c.intermediate_size = 512;
+    c.moe_intermediate_size = 128;
+    c.num_hidden_layers = 4;
+    c.num_attention_heads = 8;
+    c.num_key_value_heads = 2;
+    c.head_dim = 32;
+    c.num_experts = 16;
+    c.num_experts_per_tok = 4;
+    c.max_position_embeddings = 2048;
+  } else if (name == "qwen3-30b-a3b") {
+    // Qwen/Qwen3-30B-A3B's config.json as published on the Hugging Face Hub.
+    c.vocab_size = 151936;
+    c.hidden_size = 2048;
+    c.intermediate_size = 6144;
+    c.moe_intermediate_size = 768;
+    c.num_hidden_layers = 48;
+    c.num_attention_heads = 32;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.rope_theta = 1e6;
+    c.max_position_embeddings = 40960;
+    c.bos_token_id = 151643;
+    c.eos_token_id = {151645};
+  } else if (name == "qwen2-57b-a14b") {
+    // Qwen/Qwen2-57B-A14B's config.json as published on the Hugging Face Hub:
+    // 64 routed experts of 2560 and one gated shared expert of 20480 per layer.
+    c.family = ModelFamily::qwen2_moe;
+    c.model_type = "qwen2_moe";
+    c.norm_topk_prob = false;
+    c.qkv_bias = true;
+    c.vocab_size = 151936;
+    c.hidden_size = 3584;
+    c.intermediate_size = 18944;
+    c.moe_intermediate_size = 2560;
+    c.shared_expert_intermediate_size = 20480;
+    c.num_hidden_layers = 28;
+    c.num_attention_heads = 28;
+    c.num_key_value_heads = 4;
+    c.head_dim = 128;
+    c.num_experts = 64;
+    c.num_experts_per_tok = 8;
+    c.rope_theta = 1e6;
+    c.max_position_embeddings = 131072;
+    c.bos_token_id = 151643;
+    c.eos_token_id = {151643};
+  } else {
+    std::string names;
+    for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
+    throw Error(str_of("unknown preset '", name, "'"), "--preset", "use one of " + names);
+  }
+  if (layers) {
+    check_in_range(*layers, 1, ModelConfig::kMaxLayers, "--layers",
+                   "the model needs at least one decoder layer, and published models have at "
+                   "most a few hundred");
+    c.num_hidden_layers = *layers;
+  }
+  c.max_window_layers = c.num_hidden_layers;
+  c.validate(str_of("preset ", name));
+  return c;
+}
+
+}  // namespace tiermoe
