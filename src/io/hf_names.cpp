@@ -1,6 +1,7 @@
 #include "tiermoe/io/hf_names.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <numbers>
 #include <string_view>
@@ -63,18 +64,22 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
   const std::string block(m.block);
   const int64_t F = c.moe_intermediate_size;
   add(block + ".gate.weight", {c.num_experts, D}, HfRole::router);
+  // Selects experts only: never trained, initialised to zero like a bias.
+  if (c.sigmoid_router())
+    add(block + ".gate.e_score_correction_bias", {c.num_experts}, HfRole::bias);
   for (int64_t e = 0; e < c.num_experts; ++e) {
     const std::string ep = block + ".experts." + std::to_string(e) + ".";
     add(ep + std::string(m.gate) + ".weight", {F, D}, HfRole::expert, e);
     add(ep + std::string(m.up) + ".weight", {F, D}, HfRole::expert, e);
     add(ep + std::string(m.down) + ".weight", {D, F}, HfRole::expert, e);
   }
-  if (c.has_shared_expert()) {  // Qwen2-MoE: mlp.shared_expert and its sigmoid gate
+  if (c.has_shared_expert()) {  // Qwen2-MoE's with its sigmoid gate, GLM-4.5's without
     const int64_t S = c.shared_expert_intermediate_size;
-    add(block + ".shared_expert.gate_proj.weight", {S, D}, HfRole::dense_mlp);
-    add(block + ".shared_expert.up_proj.weight", {S, D}, HfRole::dense_mlp);
-    add(block + ".shared_expert.down_proj.weight", {D, S}, HfRole::dense_mlp);
-    add(block + ".shared_expert_gate.weight", {1, D}, HfRole::router);
+    const std::string se = block + "." + std::string(shared_expert_module(c.family)) + ".";
+    add(se + "gate_proj.weight", {S, D}, HfRole::dense_mlp);
+    add(se + "up_proj.weight", {S, D}, HfRole::dense_mlp);
+    add(se + "down_proj.weight", {D, S}, HfRole::dense_mlp);
+    if (c.shared_expert_gated()) add(block + ".shared_expert_gate.weight", {1, D}, HfRole::router);
   }
 }
 
@@ -85,6 +90,20 @@ uint64_t fnv1a64(const std::string& s) {
 }
 
 }  // namespace
+
+std::string_view shared_expert_module(ModelFamily family) {
+  return family == ModelFamily::qwen2_moe ? "shared_expert" : "shared_experts";
+}
+
+bool is_ignored_checkpoint_tensor(const ModelConfig& c, const std::string& name) {
+  if (name.ends_with("rotary_emb.inv_freq")) return true;
+  if (c.num_nextn_predict_layers <= 0 || !name.starts_with("model.layers.")) return false;
+  int64_t layer = 0;
+  const char* first = name.data() + 13;
+  const auto [end, ec] = std::from_chars(first, name.data() + name.size(), layer);
+  return ec == std::errc() && end != first && *end == '.' && layer >= c.num_hidden_layers &&
+         layer - c.num_hidden_layers < c.num_nextn_predict_layers;
+}
 
 std::vector<HfTensor> hf_tensors(const ModelConfig& c) {
   std::vector<HfTensor> out;

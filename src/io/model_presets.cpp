@@ -12,7 +12,8 @@ namespace tiermoe {
 using detail::str_of;
 
 std::vector<std::string> preset_names() {
-  return {"tiny", "tiny-qwen2-moe", "small", "qwen3-30b-a3b", "qwen2-57b-a14b"};
+  return {"tiny",          "tiny-qwen2-moe", "tiny-glm4-moe", "small",
+          "qwen3-30b-a3b", "qwen2-57b-a14b", "glm-4.5-air"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -20,7 +21,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.norm_topk_prob = true;
   c.tie_word_embeddings = false;
   c.rms_norm_eps = 1e-6;
-  if (name == "tiny" || name == "tiny-qwen2-moe") {
+  if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -38,6 +39,19 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
       c.norm_topk_prob = false;
       c.qkv_bias = true;
       c.shared_expert_intermediate_size = 48;
+    }
+    if (name == "tiny-glm4-moe") {  // GLM-4.5's pieces at tiny's shapes
+      c.family = ModelFamily::glm4_moe;
+      c.model_type = "glm4_moe";
+      c.qkv_bias = true;
+      c.use_qk_norm = true;
+      c.partial_rotary_factor = 0.5;
+      c.first_k_dense_replace = 1;
+      c.shared_expert_intermediate_size = c.moe_intermediate_size;  // n_shared_experts 1
+      c.n_group = 2;
+      c.topk_group = 1;
+      c.routed_scaling_factor = 2.5;
+      c.rms_norm_eps = 1e-5;
     }
   } else if (name == "small") {
     c.vocab_size = 4096;
@@ -87,8 +101,40 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.num_experts_per_tok = 8;
     c.rope_theta = 1e6;
     c.max_position_embeddings = 131072;
+    c.sliding_window = 131072;  // unused: use_sliding_window is false
     c.bos_token_id = 151643;
     c.eos_token_id = {151643};
+  } else if (name == "glm-4.5-air") {
+    // zai-org/GLM-4.5-Air's config.json as published on the Hugging Face Hub:
+    // layer 0 dense, 128 routed experts of 1408 and one shared one per layer,
+    // q/k/v bias, half-rotary RoPE; its multi-token-prediction layer (46) is
+    // skipped on load.
+    c.family = ModelFamily::glm4_moe;
+    c.model_type = "glm4_moe";
+    c.vocab_size = 151552;
+    c.hidden_size = 4096;
+    c.intermediate_size = 10944;
+    c.moe_intermediate_size = 1408;
+    c.shared_expert_intermediate_size = 1408;
+    c.num_hidden_layers = 46;
+    c.num_attention_heads = 96;
+    c.num_key_value_heads = 8;
+    c.head_dim = 128;
+    c.num_experts = 128;
+    c.num_experts_per_tok = 8;
+    c.first_k_dense_replace = 1;
+    c.n_group = 1;
+    c.topk_group = 1;
+    c.routed_scaling_factor = 1.0;
+    c.norm_topk_prob = true;
+    c.qkv_bias = true;
+    c.partial_rotary_factor = 0.5;
+    c.num_nextn_predict_layers = 1;
+    c.rope_theta = 1e6;
+    c.rms_norm_eps = 1e-5;
+    c.max_position_embeddings = 131072;
+    c.pad_token_id = 151329;
+    c.eos_token_id = {151329, 151336, 151338};
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;

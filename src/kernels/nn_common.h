@@ -176,14 +176,18 @@ inline int64_t check_rope_tables(const Tensor& cos_RP, const Tensor& sin_RP, std
                 "rotate-half pairs element i with i + P/2");
   return P;
 }
-// x is [..., H, P] with leading dims flattening to the tables' R; returns H.
+// x is [..., H, P] with leading dims flattening to the tables' R, and P at
+// least the tables' width (partial rotary: the dims past it pass through);
+// returns H.
 inline int64_t check_rope_input(const Tensor& x, std::string_view x_name, const Tensor& cos_RP,
                                 std::string_view op) {
-  int64_t P = check_rope_tables(cos_RP, cos_RP, op);
+  const int64_t rotary = check_rope_tables(cos_RP, cos_RP, op);
   check_defined(x, x_name, op);
-  TIERMOE_CHECK(x.dim() >= 3 && x.size(-1) == P,
-                cat(x_name, ": expected [..., H, ") + std::to_string(P) + "], got " + x.str(),
-                std::string(op), "the tables' width is the head dim P");
+  TIERMOE_CHECK(x.dim() >= 3 && x.size(-1) >= rotary,
+                cat(x_name, ": expected [..., H, P] with P >= ") + std::to_string(rotary) +
+                    ", got " + x.str(),
+                std::string(op), "the tables' width is the rotated part of the head dim P");
+  const int64_t P = x.size(-1);
   int64_t H = x.size(-2);
   TIERMOE_CHECK(x.numel() == cos_RP.size(0) * H * P,
                 cat(x_name, " ") + x.str() + " has " +

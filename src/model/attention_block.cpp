@@ -8,7 +8,7 @@
 
 namespace tiermoe {
 
-RopeTables RopeTables::make(int64_t B, int64_t T, int64_t P, double theta, DType dtype,
+RopeTables RopeTables::make(int64_t B, int64_t T, int64_t Pr, double theta, DType dtype,
                             std::span<const int32_t> positions_BT,
                             std::span<const int32_t> doc_start_BT) {
   RopeTables r;
@@ -25,8 +25,8 @@ RopeTables RopeTables::make(int64_t B, int64_t T, int64_t P, double theta, DType
                   "RopeTables", "pass one position per token, or none");
     pos.assign(positions_BT.begin(), positions_BT.end());
   }
-  r.cos_RP = Tensor::empty({B * T, P}, dtype);
-  r.sin_RP = Tensor::empty({B * T, P}, dtype);
+  r.cos_RP = Tensor::empty({B * T, Pr}, dtype);
+  r.sin_RP = Tensor::empty({B * T, Pr}, dtype);
   cpu::rope_tables(r.cos_RP, r.sin_RP, pos, theta);
   return r;
 }

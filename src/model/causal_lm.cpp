@@ -112,6 +112,12 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     out.push_back({{block + "gate.weight", HfRole::router, moe.router().param("weight"),
                     with_grads && router_on ? moe.router().grad("weight") : Tensor(), router_on},
                    [&moe](bool on) { moe.set_router_requires_grad(on); }});
+    if (config_.sigmoid_router()) {
+      // Selection only, as in transformers (a buffer): never trained.
+      out.push_back({{block + "gate.e_score_correction_bias", HfRole::bias,
+                      moe.router().param("e_score_correction_bias"), Tensor(), false},
+                     [](bool) {}});
+    }
     GroupedExperts& ex = moe.experts();
     const bool experts_on = moe.experts_requires_grad();
     Tensor g13, g2;
@@ -141,8 +147,10 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
                      set_experts});
     }
     if (SharedExpert* shared = layer->shared_expert()) {
-      dense(block + "shared_expert.", shared->mlp());
-      weight(block + "shared_expert_gate.weight", HfRole::router, shared->gate());
+      dense(block + std::string(shared_expert_module(config_.family)) + ".", shared->mlp());
+      if (shared->gated()) {
+        weight(block + "shared_expert_gate.weight", HfRole::router, shared->gate());
+      }
     }
   }
   weight("model.norm.weight", HfRole::norm, norm_);
@@ -174,7 +182,7 @@ void CausalLM::zero_grad() {
     if (SharedExpert* shared = layer->shared_expert()) {
       shared->mlp().w13().zero_grad();
       shared->mlp().down().zero_grad();
-      shared->gate().zero_grad();
+      if (shared->gated()) shared->gate().zero_grad();
     }
     for (LoraAdapter* a : layer->lora_adapters()) a->zero_grad();
   }
@@ -233,10 +241,10 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
                 detail::str_of(layout.counted_BT.size(), " padding flags for ", N, " tokens"),
                 "CausalLM::forward", "pass one flag per token, or none");
   if (!layout.empty()) {
-    rope_ = RopeTables::make(B, T, config_.head_dim, config_.rope_theta, dtype_,
+    rope_ = RopeTables::make(B, T, config_.rotary_dim(), config_.rope_theta, dtype_,
                              layout.positions_BT, layout.doc_start_BT);
   } else if (rope_.B != B || rope_.T != T || rope_.cos_RP.dtype() != dtype_ || rope_custom_) {
-    rope_ = RopeTables::make(B, T, config_.head_dim, config_.rope_theta, dtype_);
+    rope_ = RopeTables::make(B, T, config_.rotary_dim(), config_.rope_theta, dtype_);
   }
   rope_custom_ = !layout.empty();
   saved_.clear();

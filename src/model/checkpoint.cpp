@@ -9,10 +9,6 @@
 
 namespace tiermoe {
 
-bool is_ignored_checkpoint_tensor(const std::string& name) {
-  return name.ends_with("rotary_emb.inv_freq");
-}
-
 int64_t hf_expert_index(std::string_view name) {
   static constexpr std::string_view kExperts = ".experts.";
   const size_t at = name.find(kExperts);
@@ -82,7 +78,7 @@ class LoadPlan {
   void check_no_extra() const {
     std::vector<std::string> extra;
     for (const std::string& n : ck_.names()) {
-      if (!used_.count(n) && !is_ignored_checkpoint_tensor(n)) extra.push_back(n);
+      if (!used_.count(n) && !is_ignored_checkpoint_tensor(c_, n)) extra.push_back(n);
     }
     if (extra.empty()) return;
     std::string list;
@@ -183,7 +179,7 @@ std::vector<Tensor> views_of(const CheckpointTensors& ck, const std::vector<std:
 }
 
 // The on-disk parts of a dense MLP's (under `module`: "model.layers.0.mlp.",
-// or a shared expert's "...mlp.shared_expert.") and of expert e's W13, gate then up.
+// or a shared expert's "...mlp.shared_expert(s).") and of expert e's W13, gate then up.
 std::vector<std::string> dense_w13_names(const std::string& module) {
   return {module + "gate_proj.weight", module + "up_proj.weight"};
 }
@@ -281,7 +277,8 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       continue;
     }
     if (SharedExpert* shared = layer->shared_expert()) {
-      bind_dense(p + "mlp.shared_expert.", shared->mlp());
+      bind_dense(p + "mlp." + std::string(shared_expert_module(config_.family)) + ".",
+                 shared->mlp());
     }
     GroupedExperts& ex = layer->moe()->experts();
     const int64_t El = local_experts(), F = config_.moe_intermediate_size;
@@ -320,7 +317,9 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
       count(dense_w13_names(p + "mlp."));
       continue;
     }
-    if (c.has_shared_expert()) count(dense_w13_names(p + "mlp.shared_expert."));
+    if (c.has_shared_expert()) {
+      count(dense_w13_names(p + "mlp." + std::string(shared_expert_module(c.family)) + "."));
+    }
     if (ck.contains(fused_experts_prefix(l) + "gate_up_proj")) continue;  // one tensor: in place
     for (int64_t e = first_expert; e < first_expert + experts; ++e) {
       count(expert_w13_names(c, p, e));

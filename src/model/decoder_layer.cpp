@@ -28,8 +28,9 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
   if (c.is_moe_layer(layer)) {
     moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_, alloc);
     if (c.has_shared_expert()) {
+      shared_name_ = mlp_name_ + "." + std::string(shared_expert_module(c.family));
       shared_ = std::make_unique<SharedExpert>(c.hidden_size, c.shared_expert_intermediate_size,
-                                               compute, alloc);
+                                               c.shared_expert_gated(), compute, alloc);
     }
   } else {
     mlp_ = std::make_unique<DenseMlp>(c.hidden_size, c.intermediate_size, compute, alloc);
@@ -41,7 +42,7 @@ void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
   if (mlp_) {
     mlp_->enable_lora(config, mlp_name_ + ".", rng);
   } else {
-    if (shared_) shared_->enable_lora(config, mlp_name_ + ".shared_expert.", rng);
+    if (shared_) shared_->enable_lora(config, shared_name_ + ".", rng);
     moe_->enable_lora(config, rng);
   }
 }

@@ -8,11 +8,16 @@ namespace {
 
 RouterConfig router_config(const ModelConfig& c) {
   RouterConfig r;
-  r.kind = RouterKind::softmax_topk;
+  r.kind = c.sigmoid_router() ? RouterKind::deepseek_v3 : RouterKind::softmax_topk;
   r.hidden = c.hidden_size;
   r.num_experts = c.num_experts;
   r.top_k = c.num_experts_per_tok;
   r.norm_topk_prob = c.renormalize_topk();
+  if (c.sigmoid_router()) {
+    r.n_group = c.n_group;
+    r.topk_group = c.topk_group;
+    r.routed_scaling_factor = c.routed_scaling_factor;
+  }
   return r;
 }
 

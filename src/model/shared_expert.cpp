@@ -4,17 +4,24 @@
 
 namespace tiermoe {
 
-SharedExpert::SharedExpert(int64_t hidden, int64_t intermediate, DType compute, MatrixAlloc alloc)
-    : mlp_(hidden, intermediate, compute, alloc),
-      // Like a router, the [1, D] gate is always allocated (never bound in place).
-      gate_(Linear::zeros(1, hidden, /*bias=*/false, compute, MatrixAlloc::zeroed)) {}
+SharedExpert::SharedExpert(int64_t hidden, int64_t intermediate, bool gated, DType compute,
+                           MatrixAlloc alloc)
+    : mlp_(hidden, intermediate, compute, alloc), gated_(gated) {
+  // Like a router, the [1, D] gate is always allocated (never bound in place).
+  if (gated) gate_ = Linear::zeros(1, hidden, /*bias=*/false, compute, MatrixAlloc::zeroed);
+}
 
 void SharedExpert::forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSaved& saved) const {
   const int64_t T = x_TD.size(0), D = x_TD.size(1);
   const DType dt = x_TD.dtype();
   saved.clear();
-  saved.m_TD = Tensor::empty({T, D}, dt);
-  mlp_.forward(saved.m_TD, x_TD, saved.mlp);
+  Tensor m_TD = Tensor::empty({T, D}, dt);
+  mlp_.forward(m_TD, x_TD, saved.mlp);
+  if (!gated_) {
+    add_inplace(y_TD, m_TD);
+    return;
+  }
+  saved.m_TD = m_TD;
   Tensor z_T1 = Tensor::empty({T, 1}, dt);
   gate_.forward(z_T1, x_TD);
   saved.s_T = Tensor::empty({T}, acc_dtype_for(dt));
@@ -36,6 +43,10 @@ void SharedExpert::forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSav
 
 void SharedExpert::backward_add(Tensor& dx_TD, const Tensor& dy_TD,
                                 const SharedExpertSaved& saved) {
+  if (!gated_) {
+    mlp_.backward(dx_TD, dy_TD, saved.mlp, /*accumulate=*/true);
+    return;
+  }
   const int64_t T = dy_TD.size(0), D = dy_TD.size(1);
   const DType dt = dy_TD.dtype();
   // y = s * m: dm = s * dy, and through s = sigmoid(z): dz = s (1 - s) (dy . m).

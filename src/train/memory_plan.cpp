@@ -177,8 +177,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
       lora_attn_bwd = std::max(lora_attn_bwd, bwd);
     }
     if (t.role == HfRole::dense_mlp) {
-      ++(t.name.find(".shared_expert.") != std::string::npos ? lora_shared_modules
-                                                             : lora_dense_modules);
+      ++(t.name.find(".shared_expert") != std::string::npos ? lora_shared_modules
+                                                            : lora_dense_modules);
       lora_dense_bwd = std::max(lora_dense_bwd, bwd);
     }
     if (t.role == HfRole::expert) {
@@ -252,7 +252,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
             size_t(lora_attn_modules + lora_dense_modules + lora_shared_modules);
   }
   kept += size_t(z.N) * z.D * z.s;      // the last layer's output (the final norm's input)
-  kept += 2 * size_t(z.N) * z.P * z.s;  // RoPE cos and sin
+  kept += 2 * size_t(z.N) * c.rotary_dim() * z.s;       // RoPE cos and sin
   kept += size_t(z.N) * z.D * z.s + size_t(z.N) * z.a;  // final norm output and rstd
   // Matrices stored narrower than the run (a mapped bf16 checkpoint in an f32
   // run) add a *_mixed product's scratch to each transient below: the LM

@@ -144,7 +144,13 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"qwen2_f64_full_remat", DType::f64, nullptr, "auto", "full", false, nullptr, true,
              "tiny-qwen2-moe"},
         Case{"qwen2_f32_lora_experts_and_shared", DType::f32, "q_proj,gate_proj,up_proj,down_proj",
-             "off", "default", false, nullptr, true, "tiny-qwen2-moe"}),
+             "off", "default", false, nullptr, true, "tiny-qwen2-moe"},
+        // GLM-4.5: the sigmoid group router, a dense first layer.
+        Case{"glm4_f64_full_device_tier", DType::f64, nullptr, "auto", "none", true, nullptr, true,
+             "tiny-glm4-moe"},
+        Case{"glm4_f32_lora_shared_experts", DType::f32,
+             "q_proj,shared_experts.gate_proj,shared_experts.up_proj", "off", "full", false,
+             nullptr, true, "tiny-glm4-moe"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

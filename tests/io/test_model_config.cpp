@@ -99,6 +99,66 @@ TEST(ModelConfig, ParsesTheRealQwen3_30B_A3B) {
   EXPECT_EQ(preset("qwen3-30b-a3b").to_json(), c.to_json());
 }
 
+// Qwen/Qwen2-57B-A14B's and zai-org/GLM-4.5-Air's config.json as published
+// (transformers 4 spellings), against their presets field for field.
+constexpr const char* kQwen2_57B = R"({
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "decoder_sparse_step": 1, "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 3584,
+  "initializer_range": 0.02, "intermediate_size": 18944, "max_position_embeddings": 131072,
+  "max_window_layers": 28, "model_type": "qwen2_moe", "moe_intermediate_size": 2560,
+  "norm_topk_prob": false, "num_attention_heads": 28, "num_experts": 64,
+  "num_experts_per_tok": 8, "num_hidden_layers": 28, "num_key_value_heads": 4,
+  "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "router_aux_loss_coef": 0.001, "shared_expert_intermediate_size": 20480,
+  "sliding_window": 131072, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936})";
+constexpr const char* kGlm45Air = R"({
+  "architectures": ["Glm4MoeForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "pad_token_id": 151329, "eos_token_id": [151329, 151336, 151338], "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 4096, "partial_rotary_factor": 0.5,
+  "initializer_range": 0.02, "intermediate_size": 10944, "max_position_embeddings": 131072,
+  "model_type": "glm4_moe", "moe_intermediate_size": 1408, "norm_topk_prob": true,
+  "num_attention_heads": 96, "n_group": 1, "topk_group": 1, "n_routed_experts": 128,
+  "n_shared_experts": 1, "routed_scaling_factor": 1.0, "num_experts_per_tok": 8,
+  "first_k_dense_replace": 1, "num_hidden_layers": 46, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 1000000,
+  "num_nextn_predict_layers": 1, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.54.0", "use_cache": true, "use_qk_norm": false,
+  "vocab_size": 151552})";
+
+TEST(ModelConfig, ParsesTheRealQwen2_57B_A14B) {
+  ModelConfig c = parse_model_config(kQwen2_57B, "config.json");
+  EXPECT_EQ(c.family, ModelFamily::qwen2_moe);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 20480);
+  EXPECT_TRUE(c.qkv_bias);  // the Qwen2MoeConfig default
+  EXPECT_TRUE(c.shared_expert_gated());
+  EXPECT_EQ(c.head_dim, 128);  // 3584 / 28
+  EXPECT_EQ(c.qk_norm(), QkNorm::none);
+  EXPECT_EQ(c.num_moe_layers(), 28);
+  EXPECT_EQ(preset("qwen2-57b-a14b").to_json(), c.to_json());
+}
+
+TEST(ModelConfig, ParsesTheRealGlm45Air) {
+  ModelConfig c = parse_model_config(kGlm45Air, "config.json");
+  EXPECT_EQ(c.family, ModelFamily::glm4_moe);
+  EXPECT_EQ(c.num_experts, 128);
+  EXPECT_EQ(c.shared_expert_intermediate_size, 1408);
+  EXPECT_FALSE(c.shared_expert_gated());
+  EXPECT_TRUE(c.sigmoid_router());
+  EXPECT_TRUE(c.qkv_bias);  // attention_bias: q, k and v only
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_EQ(c.rotary_dim(), 64);
+  EXPECT_EQ(c.num_moe_layers(), 45);  // layer 0 is dense
+  EXPECT_FALSE(c.is_moe_layer(0));
+  EXPECT_TRUE(c.is_moe_layer(1));
+  EXPECT_EQ(c.num_nextn_predict_layers, 1);
+  EXPECT_EQ(c.eos_token_id, (std::vector<int64_t>{151329, 151336, 151338}));
+  EXPECT_EQ(preset("glm-4.5-air").to_json(), c.to_json());
+  // About 106 B parameters (GLM-4.5-Air's published size), without the MTP layer.
+  EXPECT_NEAR(double(param_counts(c).total) / 1e9, 106.0, 4.0);
+}
+
 TEST(ModelConfig, AbsentFieldsTakeQwen3MoeConfigDefaults) {
   ModelConfig c = parse_model_config(R"({"model_type": "qwen3_moe"})", "config.json");
   EXPECT_EQ(c.vocab_size, 151936);
@@ -238,7 +298,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadConfig{"unknown_type",
                   R"({"model_type": "llama"})",
-                  {"llama", "qwen3_moe, qwen2_moe, mixtral"}},
+                  {"llama", "qwen3_moe, qwen2_moe, glm4_moe, mixtral"}},
         BadConfig{"no_type", R"({"hidden_size": 64})", {"model_type"}},
         BadConfig{"invalid_json", R"({"model_type": "qwen3_moe",)", {"invalid JSON"}},
         BadConfig{"not_object", R"([1, 2])", {"array"}},
@@ -306,6 +366,13 @@ INSTANTIATE_TEST_SUITE_P(
                   R"({"model_type": "qwen2_moe", "num_hidden_layers": 2,
                       "layer_types": ["full_attention", "sliding_attention"]})",
                   {"layer_types", "sliding_attention"}},
+        BadConfig{"glm_rotary_odd",
+                  R"({"model_type": "glm4_moe", "head_dim": 12, "partial_rotary_factor": 0.25})",
+                  {"partial_rotary_factor 0.25", "even"}},
+        BadConfig{"glm_groups",
+                  R"({"model_type": "glm4_moe", "head_dim": 128, "n_routed_experts": 8,
+                      "num_experts_per_tok": 2, "n_group": 3})",
+                  {"n_group 3", "n_routed_experts"}},
         BadConfig{"qwen2_no_shared_expert",
                   R"({"model_type": "qwen2_moe", "shared_expert_intermediate_size": 0})",
                   {"shared_expert_intermediate_size", "positive"}}),
@@ -403,7 +470,8 @@ TEST(ModelConfig, Presets) {
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("huge"), std::string::npos);
-    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, small, qwen3-30b-a3b, qwen2-57b-a14b"),
+    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, small, qwen3-30b-a3b, qwen2-57b-a14b, "
+                       "glm-4.5-air"),
               std::string::npos)
         << msg;
   }

@@ -159,10 +159,60 @@ TEST(Rope, RejectsBadShapes) {
          y_rows = Tensor::zeros({2, 2, 4}, DType::f32);
   EXPECT_THROW(cpu::rope_forward(y_rows, x_rows, c, s), Error);
   EXPECT_THROW(ref::rope_forward(y_rows, x_rows, c, s), Error);
-  Tensor x_width = Tensor::zeros({3, 2, 6}, DType::f32),
-         y_width = Tensor::zeros({3, 2, 6}, DType::f32);
+  // Heads narrower than the tables (wider ones are partial rotary).
+  Tensor x_width = Tensor::zeros({3, 2, 2}, DType::f32),
+         y_width = Tensor::zeros({3, 2, 2}, DType::f32);
   EXPECT_THROW(cpu::rope_forward(y_width, x_width, c, s), Error);
+  EXPECT_THROW(ref::rope_backward(y_width, x_width, c, s), Error);
   Tensor x_bf16 = Tensor::zeros({3, 2, 4}, DType::bf16),
          y_bf16 = Tensor::zeros({3, 2, 4}, DType::bf16);
   EXPECT_THROW(cpu::rope_backward(y_bf16, x_bf16, c, s), Error);
+}
+
+// Partial rotary (GLM-4.5): tables of width Pr < P rotate each head's first
+// Pr values as a head of width Pr would be, and pass the rest through; cpu
+// equals ref bitwise, and backward is the transpose (finite differences).
+TEST(Rope, PartialRotaryRotatesTheFirstDimsOnly) {
+  Rng rng(44);
+  const int64_t B = 2, T = 3, H = 2, P = 10, Pr = 4;
+  std::vector<int32_t> pos = positions(B, T, 7);
+  for (DType dt : {DType::f64, DType::bf16}) {
+    Tensor c = Tensor::empty({B * T, Pr}, dt), s = Tensor::empty({B * T, Pr}, dt);
+    ref::rope_tables(c, s, pos, 100);
+    Tensor x = random_tensor({B, T, H, P}, dt, rng);
+    Tensor y = Tensor::empty({B, T, H, P}, dt), y_cpu = Tensor::empty({B, T, H, P}, dt);
+    ref::rope_forward(y, x, c, s);
+    cpu::rope_forward(y_cpu, x, c, s);
+    EXPECT_TRUE(bitwise_equal(y_cpu, y, "partial rope y"));
+    // The rotated part, against a head of width Pr.
+    Tensor x_rot = Tensor::empty({B, T, H, Pr}, dt), y_rot = Tensor::empty({B, T, H, Pr}, dt);
+    for (int64_t r = 0; r < B * T * H; ++r) {
+      for (int64_t i = 0; i < Pr; ++i) x_rot.set(r * Pr + i, x.get(r * P + i));
+    }
+    ref::rope_forward(y_rot, x_rot, c, s);
+    for (int64_t r = 0; r < B * T * H; ++r) {
+      for (int64_t i = 0; i < P; ++i) {
+        const double want = i < Pr ? y_rot.get(r * Pr + i) : x.get(r * P + i);
+        ASSERT_EQ(y.get(r * P + i), want) << dtype_name(dt) << " row " << r << " dim " << i;
+      }
+    }
+    Tensor dx = random_tensor({B, T, H, P}, dt, rng), dx_cpu = dx.clone();
+    for (bool acc : {true, false}) {
+      ref::rope_backward(dx, x, c, s, acc);
+      cpu::rope_backward(dx_cpu, x, c, s, acc);
+      EXPECT_TRUE(bitwise_equal(dx_cpu, dx, "partial rope dx"));
+    }
+  }
+  Tensor c = Tensor::empty({B * T, Pr}, DType::f64), s = Tensor::empty({B * T, Pr}, DType::f64);
+  ref::rope_tables(c, s, pos, 100);
+  Tensor x = random_tensor({B, T, H, P}, DType::f64, rng);
+  Tensor r = random_tensor({B, T, H, P}, DType::f64, rng),
+         y = Tensor::empty({B, T, H, P}, DType::f64);
+  auto loss = [&] {
+    ref::rope_forward(y, x, c, s);
+    return weighted_sum(y, r);
+  };
+  Tensor dx = Tensor::empty({B, T, H, P}, DType::f64);
+  cpu::rope_backward(dx, r, c, s);
+  EXPECT_TRUE(fd_check(loss, x, dx, "partial rope dx", 1e-6, 1e-8, 72));
 }

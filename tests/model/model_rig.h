@@ -24,16 +24,20 @@ struct SingleThread {
   ~SingleThread() { set_num_threads(0); }
 };
 
-enum class Family { qwen3, olmoe, mixtral, qwen2 };
+enum class Family { qwen3, olmoe, mixtral, qwen2, glm4 };
 
 // 3 layers, layer 1 dense (mlp_only_layers; Qwen3 and Qwen2 only), q_proj
 // width H*P = 32 != D = 16 (OLMoE requires H*P = D: P = 4 there). `bias`:
-// attention_bias, or Qwen2-MoE's qkv_bias (its shared expert is 10 wide).
+// attention_bias, or Qwen2-MoE's and GLM-4.5's q/k/v bias (Qwen2's shared
+// expert is 10 wide; GLM's layer 0 is dense, its shared experts 24 wide, its
+// router sigmoid over 2 groups of 2 with routed_scaling_factor 2.5, its RoPE
+// half-rotary and its q/k norm on).
 inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool bias = false) {
   ModelConfig c = preset("tiny");
   if (f == Family::olmoe) c.family = ModelFamily::olmoe, c.model_type = "olmoe";
   if (f == Family::mixtral) c.family = ModelFamily::mixtral, c.model_type = "mixtral";
   if (f == Family::qwen2) c.family = ModelFamily::qwen2_moe, c.model_type = "qwen2_moe";
+  if (f == Family::glm4) c.family = ModelFamily::glm4_moe, c.model_type = "glm4_moe";
   c.vocab_size = 40;
   c.hidden_size = 16;
   c.intermediate_size = 24;
@@ -47,8 +51,9 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
   c.mlp_only_layers = {1};
   c.norm_topk_prob = norm_topk;
   c.tie_word_embeddings = tied;
-  c.attention_bias = bias && f != Family::qwen2;
-  c.qkv_bias = bias && f == Family::qwen2;
+  const bool qkv_only = f == Family::qwen2 || f == Family::glm4;
+  c.attention_bias = bias && !qkv_only;
+  c.qkv_bias = bias && qkv_only;
   if (f == Family::qwen2) c.shared_expert_intermediate_size = 10;
   c.output_router_logits = true;
   c.router_aux_loss_coef = 0.05;
@@ -56,6 +61,17 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
   c.pad_token_id.reset();
   if (f == Family::olmoe) c.head_dim = 4;
   if (f == Family::olmoe || f == Family::mixtral) c.mlp_only_layers.clear();  // no dense layers
+  if (f == Family::glm4) {
+    c.mlp_only_layers.clear();
+    c.first_k_dense_replace = 1;
+    c.shared_expert_intermediate_size = 2 * c.moe_intermediate_size;
+    c.n_group = 2;
+    c.topk_group = 1;
+    c.routed_scaling_factor = 2.5;
+    c.use_qk_norm = true;
+    c.partial_rotary_factor = 0.5;
+    c.output_router_logits = false;  // the DeepSeek-V3 family has no aux loss
+  }
   return c;
 }
 
@@ -91,21 +107,23 @@ inline Batch make_batch(int64_t V, uint64_t seed, int64_t B = 2, int64_t T = 5) 
 }
 
 // Every gradient of `params` against a reference's, stored under the same
-// names in `grads_path` (F64): the parameter sets must be equal, and each
+// names in `grads_path` (F64): the trainable parameter sets must be equal, and each
 // element within rtol * |want| + rtol * max|want| of its tensor (the floor
 // follows the tensor's scale: an element near zero is a difference of large
 // terms). Prints the worst element as a fraction of its tolerance.
 inline void expect_grads_match(const std::vector<ModelParam>& params, const std::string& grads_path,
                                double rtol, const std::string& label) {
   CheckpointTensors grads = CheckpointTensors::open(grads_path);
-  std::vector<std::string> names;
-  for (const ModelParam& p : params) names.push_back(p.name);
+  std::vector<std::string> names;  // what trains (not a selection-only buffer)
+  for (const ModelParam& p : params) {
+    if (p.requires_grad) names.push_back(p.name);
+  }
   std::sort(names.begin(), names.end());
   EXPECT_EQ(names, grads.names()) << label << ": the parameter sets differ";
   double worst = 0;
   std::string worst_at;
   for (const ModelParam& p : params) {
-    if (!grads.contains(p.name)) continue;
+    if (!p.requires_grad || !grads.contains(p.name)) continue;
     Tensor want = grads.load(p.name, DType::f64);
     ASSERT_EQ(want.shape(), p.grad.shape()) << p.name;
     double max_abs = 0;

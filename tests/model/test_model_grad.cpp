@@ -14,9 +14,9 @@ using testing::Family;
 std::string kind_of(const std::string& name) {
   std::string k = name;
   if (k.starts_with("model.layers.")) k = k.substr(k.find('.', 13) + 1);
-  if (size_t e = k.find("experts."); e != std::string::npos) {
-    size_t dot = k.find('.', e + 8);
-    k = k.substr(0, e + 8) + k.substr(dot + 1);
+  if (size_t e = k.find(".experts."); e != std::string::npos) {  // not shared_experts.
+    size_t dot = k.find('.', e + 9);
+    k = k.substr(0, e + 9) + k.substr(dot + 1);
   }
   return k;
 }
@@ -31,8 +31,10 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
   model.zero_grad();
   const double l0 = model.forward(batch.ids, batch.targets, batch.B, batch.T);
   model.backward();
-  ASSERT_TRUE(model.last_loss().aux_in_total);
-  EXPECT_NE(l0, model.last_loss().ce) << "the aux loss must be part of the loss";
+  ASSERT_EQ(model.last_loss().aux_in_total, config.output_router_logits);
+  if (config.output_router_logits) {
+    EXPECT_NE(l0, model.last_loss().ce) << "the aux loss must be part of the loss";
+  }
 
   // Group the parameters by kind; sample 24 elements of each kind.
   std::vector<ModelParam> params = model.params();
@@ -41,6 +43,10 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
   Rng rng(seed + 2);
   for (const auto& [kind, members] : kinds) {
     double worst = 0;
+    if (kind == "mlp.gate.e_score_correction_bias") {  // selects only: no gradient
+      for (size_t i : members) EXPECT_FALSE(params[i].requires_grad) << params[i].name;
+      continue;
+    }
     for (int s = 0; s < 24; ++s) {
       ModelParam& p = params[members[rng.below(members.size())]];
       ASSERT_TRUE(p.grad.defined()) << p.name;
@@ -65,16 +71,17 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
     }
     want.push_back(block + k);
   }
-  if (!config.mlp_only_layers.empty()) {
+  if (!config.mlp_only_layers.empty() || config.first_k_dense_replace > 0) {
     for (const char* k : {"mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight"}) {
       want.push_back(k);
     }
   }
   if (config.has_shared_expert()) {
-    for (const char* k : {"mlp.shared_expert.gate_proj.weight", "mlp.shared_expert.up_proj.weight",
-                          "mlp.shared_expert.down_proj.weight", "mlp.shared_expert_gate.weight"}) {
-      want.push_back(k);
+    const std::string se = "mlp." + std::string(shared_expert_module(config.family)) + ".";
+    for (const char* k : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+      want.push_back(se + k);
     }
+    if (config.shared_expert_gated()) want.push_back("mlp.shared_expert_gate.weight");
   }
   if (config.q_k_v_bias()) {
     for (const char* k :
@@ -108,8 +115,12 @@ TEST(ModelGrad, Qwen2SharedExpertQkvBiasMatchesFiniteDifferences) {
   check_model_fd(testing::tiny_model_config(Family::qwen2, false, false, true), 15);
 }
 
+TEST(ModelGrad, Glm4SigmoidGroupRouterSharedExpertsPartialRotaryMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::glm4, false, true, true), 16);
+}
+
 TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
-  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral, Family::qwen2}) {
+  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral, Family::qwen2, Family::glm4}) {
     for (bool tied : {false, true}) {
       ModelConfig c = testing::tiny_model_config(f, tied, true, tied);
       CausalLM model(c, DType::f32);
@@ -120,6 +131,10 @@ TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
         EXPECT_EQ(params[i].name, want[i].name);
         EXPECT_EQ(params[i].value.shape(), want[i].shape) << want[i].name;
         EXPECT_EQ(params[i].role, want[i].role) << want[i].name;
+        if (want[i].name.ends_with("e_score_correction_bias")) {  // selects only: never trained
+          EXPECT_FALSE(params[i].requires_grad);
+          continue;
+        }
         ASSERT_TRUE(params[i].grad.defined()) << want[i].name;
         EXPECT_EQ(params[i].grad.shape(), want[i].shape) << want[i].name;
         EXPECT_EQ(params[i].grad.dtype(), DType::f32) << want[i].name;

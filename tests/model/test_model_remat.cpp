@@ -41,7 +41,7 @@ Run run(CausalLM& model, const testing::Batch& b, const std::string& policy, Abs
 
 void expect_policies_bitwise(DType dt, bool lora, Family family = Family::qwen3) {
   testing::SingleThread one_thread;
-  CausalLM model(testing::tiny_model_config(family, false, true, family == Family::qwen2), dt);
+  CausalLM model(testing::tiny_model_config(family, false, true, family != Family::qwen3), dt);
   testing::randomize(model, 11);
   if (lora) {
     LoraConfig cfg;
@@ -88,6 +88,9 @@ TEST(ModelRemat, LoraIsBitwiseUnderEveryPolicyF32) { expect_policies_bitwise(DTy
 TEST(ModelRemat, LoraIsBitwiseUnderEveryPolicyBf16) { expect_policies_bitwise(DType::bf16, true); }
 TEST(ModelRemat, Qwen2LoraIsBitwiseUnderEveryPolicyBf16) {
   expect_policies_bitwise(DType::bf16, true, Family::qwen2);
+}
+TEST(ModelRemat, Glm4FullFineTuningIsBitwiseUnderEveryPolicyF32) {
+  expect_policies_bitwise(DType::f32, false, Family::glm4);
 }
 
 TEST(ModelRemat, OptionsReachEveryMoeBlock) {

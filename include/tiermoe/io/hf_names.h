@@ -33,6 +33,15 @@ struct HfTensor {
   int64_t expert = -1;  // for HfRole::expert
 };
 
+// The module name of a MoE layer's shared expert under "mlp.": Qwen2-MoE's
+// "shared_expert", DeepSeek-V3's and GLM-4.5's "shared_experts".
+std::string_view shared_expert_module(ModelFamily family);
+
+// Whether the loader skips a stored tensor: recomputed buffers
+// (rotary_emb.inv_freq) and the multi-token-prediction layers past the last
+// decoder layer (num_nextn_predict_layers), which transformers skips too.
+bool is_ignored_checkpoint_tensor(const ModelConfig& config, const std::string& name);
+
 // Every tensor of the checkpoint, in module order (embedding, layer 0 ..
 // layer L-1, final norm, lm_head).
 std::vector<HfTensor> hf_tensors(const ModelConfig& config);

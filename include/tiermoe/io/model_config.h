@@ -1,7 +1,8 @@
 #pragma once
 // A Hugging Face MoE config.json as one struct. Field names and defaults are
-// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE and Qwen2-MoE configs
-// map onto the same fields (their expert width lands in moe_intermediate_size), and
+// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE, Qwen2-MoE and GLM-4.5
+// configs map onto the same fields (their expert width lands in
+// moe_intermediate_size), and
 // `family` records the differences the model must honour (router
 // renormalisation, q/k norm shape, tensor names).
 //
@@ -19,7 +20,7 @@
 
 namespace tiermoe {
 
-enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe, qwen2_moe };
+enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe };
 std::string_view family_name(ModelFamily family);  // the HF model_type
 // config.json's torch_dtype for a TierMoE dtype: "float64", "float32", "bfloat16".
 std::string_view torch_dtype_name(DType dtype);
@@ -65,9 +66,22 @@ struct ModelConfig {
   int64_t max_position_embeddings = 32768;
   bool attention_bias = false;  // a bias on q, k, v and o_proj
   bool qkv_bias = false;        // Qwen2-MoE: a bias on q, k and v_proj only
-  // Qwen2-MoE: one dense SwiGLU MLP of this width beside the routed experts
-  // of every MoE layer, scaled by sigmoid(shared_expert_gate(x)); 0: none.
+  // One dense SwiGLU MLP of this width beside the routed experts of every
+  // MoE layer (0: none): Qwen2-MoE's shared_expert, scaled by
+  // sigmoid(shared_expert_gate(x)); GLM-4.5's shared_experts, n_shared_experts
+  // * moe_intermediate_size wide, ungated.
   int64_t shared_expert_intermediate_size = 0;
+  // GLM-4.5 (DeepSeek-V3's MoE): the first layers are dense, the router is
+  // sigmoid with group-limited selection on e_score_correction_bias, RoPE
+  // turns only the first head_dim * partial_rotary_factor values of a head,
+  // and the checkpoint's multi-token-prediction layers (model.layers.L ..
+  // L + num_nextn_predict_layers - 1) are skipped on load, as transformers does.
+  int64_t first_k_dense_replace = 0;
+  int64_t n_group = 1, topk_group = 1;
+  double routed_scaling_factor = 1.0;
+  bool use_qk_norm = false;
+  double partial_rotary_factor = 1.0;
+  int64_t num_nextn_predict_layers = 0;
   std::string hidden_act = "silu";
   double initializer_range = 0.02;
   std::string torch_dtype = "bfloat16";       // the checkpoint's dtype as HF names it
@@ -86,6 +100,11 @@ struct ModelConfig {
   bool renormalize_topk() const { return family == ModelFamily::mixtral || norm_topk_prob; }
   bool q_k_v_bias() const { return attention_bias || qkv_bias; }
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
+  bool shared_expert_gated() const { return family == ModelFamily::qwen2_moe; }
+  // DeepSeek-V3's router (moe/router.h: deepseek_v3) instead of softmax top-k.
+  bool sigmoid_router() const { return family == ModelFamily::glm4_moe; }
+  // The head dims RoPE turns, as transformers computes it: int(P * factor).
+  int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor); }
   int64_t num_moe_layers() const;
 
   // A config.json that transformers loads as-is (AutoConfig and the family's
@@ -107,10 +126,10 @@ ModelConfig load_model_config(const std::string& path);
 // Writes to_json() to `path` (atomically: temporary file, then rename).
 void save_model_config(const ModelConfig& config, const std::string& path);
 
-// Built-in shapes (model_presets.cpp): "tiny" and "tiny-qwen2-moe" (tests,
-// demo), "small",
-// "qwen3-30b-a3b" and "qwen2-57b-a14b" (the published configs). `layers`
-// overrides num_hidden_layers.
+// Built-in shapes (model_presets.cpp): "tiny", "tiny-qwen2-moe" and
+// "tiny-glm4-moe" (tests, demo), "small", and the published configs
+// "qwen3-30b-a3b", "qwen2-57b-a14b" and "glm-4.5-air". `layers` overrides
+// num_hidden_layers.
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers = std::nullopt);
 std::vector<std::string> preset_names();
 

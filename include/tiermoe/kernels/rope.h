@@ -9,7 +9,10 @@
 // Tables are computed in f32 (f64 in f64 runs) from the positions and then
 // cast to the activation dtype, as HF does. x is [..., H, P] whose leading
 // dimensions flatten to the R rows of the tables (e.g. [B, T, H, P] with one
-// position per (b, t)); the same tables serve q and k.
+// position per (b, t)); the same tables serve q and k. Partial rotary
+// (GLM-4.5's partial_rotary_factor): tables of width Pr < P, built with Pr
+// in place of P above, rotate each head's first Pr values and pass the rest
+// through unchanged.
 //
 // Rounding: each elementwise step rounds to the activation dtype, as HF's
 // eager bf16 code does (x*cos, rotate_half(x)*sin, then their sum), so bf16

@@ -6,7 +6,8 @@
 //   q = x Wq^T (+bq)  [B*T, H*P]      k, v = x Wk^T (+bk), x Wv^T (+bv)  [B*T, Hkv*P]
 //   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3), over the whole
 //                                      projection (OLMoE), or none (Mixtral)
-//   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta
+//   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta, on each head's
+//                                      first rotary_dim() values (GLM-4.5: half)
 //   o    = causal GQA SDPA(q, k, v)    [B, T, H, P], within each packed document
 //   y    = o Wo^T (+bo)
 // (biases: all four with attention_bias, q/k/v only with Qwen2-MoE's qkv_bias)
@@ -30,8 +31,9 @@
 
 namespace tiermoe {
 
-// The batch's token layout as attention reads it: RoPE cos/sin [B*T, P]
-// (activation dtype) at each token's position, and, for packed documents,
+// The batch's token layout as attention reads it: RoPE cos/sin [B*T, Pr]
+// (activation dtype; Pr = ModelConfig::rotary_dim(), the head dim P unless
+// the rotary is partial) at each token's position, and, for packed documents,
 // each token's document start (kernels/attention.h; empty: one document per
 // row, positions 0..T-1).
 struct RopeTables {
@@ -39,7 +41,7 @@ struct RopeTables {
   Tensor cos_RP, sin_RP;
   std::vector<int32_t> doc_start_BT;
   // positions_BT empty: 0..T-1 in every row.
-  static RopeTables make(int64_t B, int64_t T, int64_t P, double theta, DType dtype,
+  static RopeTables make(int64_t B, int64_t T, int64_t Pr, double theta, DType dtype,
                          std::span<const int32_t> positions_BT = {},
                          std::span<const int32_t> doc_start_BT = {});
 };

@@ -53,9 +53,6 @@
 
 namespace tiermoe {
 
-// Whether an on-disk tensor name is one the loader skips (recomputed buffers).
-bool is_ignored_checkpoint_tensor(const std::string& name);
-
 // Elements of the W13 matrices (gate and up stacked) that a mapped bind of
 // `ck` in `compute` copies at their stored width instead of viewing in
 // place, because their parts do not lie back to back in one shard

@@ -81,6 +81,7 @@ class DecoderLayer {
   std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_
   std::unique_ptr<MoeBlock> moe_;
   std::unique_ptr<SharedExpert> shared_;  // beside moe_, when the config has one
+  std::string shared_name_;               // its module path ("model.layers.3.mlp.shared_expert")
   LayerTimes times_;
   StepTimes* step_times_ = nullptr;
 };

@@ -1,8 +1,10 @@
 #pragma once
 // A decoder layer's sparse MoE block (Qwen3MoeSparseMoeBlock, Mixtral's
-// block_sparse_moe, OLMoE's): a softmax top-k Router, E SwiGLU experts in
-// GroupedExperts run by HostExperts, wired through a MoeLayer. The router
-// renormalises the top-K weights iff config.renormalize_topk().
+// block_sparse_moe, OLMoE's, Qwen2-MoE's and GLM-4.5's routed experts): a
+// Router (softmax top-k; GLM-4.5: DeepSeek-V3's sigmoid group-limited one),
+// E SwiGLU experts in GroupedExperts run by HostExperts, wired through a
+// MoeLayer. The router renormalises the top-K weights iff
+// config.renormalize_topk(). A shared expert is the decoder layer's.
 //
 // The block owns its parts and the MoeLayer points into them, so it is
 // neither copied nor moved (DecoderLayer holds it by unique_ptr).

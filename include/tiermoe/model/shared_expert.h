@@ -1,11 +1,12 @@
 #pragma once
-// Qwen2-MoE's shared expert: a dense SwiGLU MLP that every token of a MoE
-// layer passes through beside its routed experts, scaled per token by a
-// learned sigmoid gate (Qwen2MoeSparseMoeBlock):
+// A MoE layer's shared expert: a dense SwiGLU MLP that every token passes
+// through beside its routed experts, added onto their combine. Qwen2-MoE
+// scales it per token by a learned sigmoid gate (Qwen2MoeSparseMoeBlock);
+// GLM-4.5 (DeepSeek-V3's shared_experts) adds it as it is:
 //
 //   m = mlp(x)                          mlp.shared_expert.{gate,up,down}_proj
-//   s = sigmoid(x . g^T)                mlp.shared_expert_gate.weight g [1, D]
-//   y += s * m                          onto the routed experts' combine
+//   s = sigmoid(x . g^T)                mlp.shared_expert_gate.weight g [1, D]; gated only
+//   y += s * m  (or y += m)             onto the routed experts' combine
 //
 // The gate and the product run in the accumulation dtype and round once,
 // as torch rounds sigmoid(z) * m; the sum onto y rounds once more.
@@ -22,23 +23,24 @@ namespace tiermoe {
 
 struct SharedExpertSaved {
   DenseMlpSaved mlp;
-  Tensor m_TD;  // the MLP's output, before the gate (the gate's gradient)
-  Tensor s_T;   // sigmoid(x . g^T) per token, accumulation dtype
+  Tensor m_TD;  // the MLP's output, before the gate (the gate's gradient); gated only
+  Tensor s_T;   // sigmoid(x . g^T) per token, accumulation dtype; gated only
   void clear() { *this = SharedExpertSaved(); }
 };
 
 class SharedExpert {
  public:
-  SharedExpert(int64_t hidden, int64_t intermediate, DType compute,
+  SharedExpert(int64_t hidden, int64_t intermediate, bool gated, DType compute,
                MatrixAlloc alloc = MatrixAlloc::zeroed);
 
-  // y_TD += sigmoid(x_TD g^T) * mlp(x_TD).
+  // y_TD += sigmoid(x_TD g^T) * mlp(x_TD), or mlp(x_TD) ungated.
   void forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSaved& saved) const;
   // dx_TD += d/dx of the above; parameter grads +=.
   void backward_add(Tensor& dx_TD, const Tensor& dy_TD, const SharedExpertSaved& saved);
 
   DenseMlp& mlp() { return mlp_; }
-  Weight& gate() { return gate_.weight; }  // (1, D)
+  bool gated() const { return gated_; }
+  Weight& gate() { return gate_.weight; }  // (1, D); undefined value when ungated
 
   // LoRA on the MLP's gate/up/down_proj (never the scalar gate); `prefix`
   // is the module path ("model.layers.0.mlp.shared_expert.").
@@ -49,7 +51,8 @@ class SharedExpert {
 
  private:
   DenseMlp mlp_;
-  Linear gate_;  // (1, D), no bias
+  bool gated_;
+  Linear gate_;  // (1, D), no bias; gated only
 };
 
 }  // namespace tiermoe

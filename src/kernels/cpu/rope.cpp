@@ -48,15 +48,15 @@ void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor
   int64_t H = check_rope_input(x, "x", cos_RP, "rope_forward");
   check_elementwise(y, "y", x, "x", "rope_forward");
   visit_dtype(x.dtype(), [&]<class T>() {
-    int64_t P = cos_RP.size(1), half = P / 2;
+    const int64_t Pr = cos_RP.size(1), half = Pr / 2, P = x.size(-1);
     const T* cs = cos_RP.data<T>();
     const T* ss = sin_RP.data<T>();
     const T* xs = x.data<T>();
     T* ys = y.data<T>();
     parallel_for(cos_RP.size(0), row_grain(H * P), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const T* c = cs + r * P;
-        const T* s = ss + r * P;
+        const T* c = cs + r * Pr;
+        const T* s = ss + r * Pr;
         for (int64_t h = 0; h < H; ++h) {
           const T* xh = xs + (r * H + h) * P;
           T* yh = ys + (r * H + h) * P;
@@ -64,6 +64,7 @@ void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor
             rope_pair<T>(yh[i], yh[i + half], load(xh[i]), load(xh[i + half]), load(c[i]),
                          load(s[i]), load(c[i + half]), load(s[i + half]));
           }
+          for (int64_t i = Pr; i < P; ++i) yh[i] = xh[i];  // partial rotary: passed through
         }
       }
     });
@@ -76,15 +77,15 @@ void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Ten
   int64_t H = check_rope_input(dy, "dy", cos_RP, "rope_backward");
   check_elementwise(dx, "dx", dy, "dy", "rope_backward");
   visit_dtype(dy.dtype(), [&]<class T>() {
-    int64_t P = cos_RP.size(1), half = P / 2;
+    const int64_t Pr = cos_RP.size(1), half = Pr / 2, P = dy.size(-1);
     const T* cs = cos_RP.data<T>();
     const T* ss = sin_RP.data<T>();
     const T* dys = dy.data<T>();
     T* dxs = dx.data<T>();
     parallel_for(cos_RP.size(0), row_grain(H * P), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        const T* c = cs + r * P;
-        const T* s = ss + r * P;
+        const T* c = cs + r * Pr;
+        const T* s = ss + r * Pr;
         for (int64_t h = 0; h < H; ++h) {
           const T* dyh = dys + (r * H + h) * P;
           T* dxh = dxs + (r * H + h) * P;
@@ -93,6 +94,7 @@ void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Ten
                                   load(c[i]), load(s[i]), load(c[i + half]), load(s[i + half]),
                                   accumulate);
           }
+          for (int64_t i = Pr; i < P; ++i) put(dxh[i], load(dyh[i]), accumulate);
         }
       }
     });

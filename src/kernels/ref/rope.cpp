@@ -33,10 +33,10 @@ void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor
   int64_t H = check_rope_input(x, "x", cos_RP, "rope_forward");
   check_elementwise(y, "y", x, "x", "rope_forward");
   visit_dtype(x.dtype(), [&]<class T>() {
-    int64_t P = cos_RP.size(1), half = P / 2;
+    const int64_t Pr = cos_RP.size(1), half = Pr / 2, P = x.size(-1);
     for (int64_t r = 0; r < cos_RP.size(0); ++r) {
-      const T* c = cos_RP.data<T>() + r * P;
-      const T* s = sin_RP.data<T>() + r * P;
+      const T* c = cos_RP.data<T>() + r * Pr;
+      const T* s = sin_RP.data<T>() + r * Pr;
       for (int64_t h = 0; h < H; ++h) {
         const T* xh = x.data<T>() + (r * H + h) * P;
         T* yh = y.data<T>() + (r * H + h) * P;
@@ -44,6 +44,7 @@ void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor
           rope_pair<T>(yh[i], yh[i + half], load(xh[i]), load(xh[i + half]), load(c[i]), load(s[i]),
                        load(c[i + half]), load(s[i + half]));
         }
+        for (int64_t i = Pr; i < P; ++i) yh[i] = xh[i];  // partial rotary: passed through
       }
     }
   });
@@ -55,10 +56,10 @@ void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Ten
   int64_t H = check_rope_input(dy, "dy", cos_RP, "rope_backward");
   check_elementwise(dx, "dx", dy, "dy", "rope_backward");
   visit_dtype(dy.dtype(), [&]<class T>() {
-    int64_t P = cos_RP.size(1), half = P / 2;
+    const int64_t Pr = cos_RP.size(1), half = Pr / 2, P = dy.size(-1);
     for (int64_t r = 0; r < cos_RP.size(0); ++r) {
-      const T* c = cos_RP.data<T>() + r * P;
-      const T* s = sin_RP.data<T>() + r * P;
+      const T* c = cos_RP.data<T>() + r * Pr;
+      const T* s = sin_RP.data<T>() + r * Pr;
       for (int64_t h = 0; h < H; ++h) {
         const T* dyh = dy.data<T>() + (r * H + h) * P;
         T* dxh = dx.data<T>() + (r * H + h) * P;
@@ -67,6 +68,7 @@ void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Ten
                                 load(c[i]), load(s[i]), load(c[i + half]), load(s[i + half]),
                                 accumulate);
         }
+        for (int64_t i = Pr; i < P; ++i) put(dxh[i], load(dyh[i]), accumulate);
       }
     }
   });
