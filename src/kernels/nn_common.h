@@ -2,6 +2,7 @@
 // Internal to the non-GEMM kernels: input validation and the scalar formulas
 // that the ref:: and cpu:: twins share, so both reject the same inputs with
 // the same messages and elementwise ops round identically in both.
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <span>
@@ -118,16 +119,79 @@ inline void check_elementwise(const Tensor& out, std::string_view out_name, cons
   check_same_dtype_as(out, x, out_name, x_name, op);
 }
 
+// exp(x) in f32 without a libm call, so that the loops over an expert's
+// activations vectorize (libm's expf, called per element, cost the grouped
+// W13 + SwiGLU kernel half its time on AMX). Cephes' expf: x = n ln2 + r,
+// |r| <= ln2 / 2, exp(r) by its degree-7 polynomial, times 2^n built in the
+// exponent bits; within 2 ulp of expf. Every step is one IEEE operation
+// (std::fma is one rounding, and the build does not contract), so a lane of
+// a vectorized loop gives the bits of this scalar code. Inputs are clamped
+// to [-87.33, 88] (results 2^-126 .. 1.65e38 instead of 0 and inf); NaN
+// stays NaN.
+inline float exp_f32(float x) {
+  x = x > 88.0f ? 88.0f : x;  // comparisons are false for NaN: it passes
+  x = x < -87.33654f ? -87.33654f : x;
+  // t's low mantissa bits hold n = round(x / ln2): 1.5 * 2^23 leaves no fraction bits.
+  const float t = std::fma(x, 1.44269504088896341f, 12582912.0f);
+  const float n = t - 12582912.0f;
+  float r = std::fma(n, -0.693359375f, x);  // ln2 in two parts: n * hi is exact
+  r = std::fma(n, 2.12194440e-4f, r);
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  p = std::fma(p, r * r, r) + 1.0f;
+  const int32_t e = std::bit_cast<int32_t>(t) - 0x4B400000;  // n as an integer
+  return p * std::bit_cast<float>((e + 127) << 23);
+}
+
+// exp in the accumulation type: exp_f32 for f32 (and bf16) runs, libm's
+// exp in f64 (parity) runs.
+template <class A>
+inline A exp_acc(A x) {
+  if constexpr (std::is_same_v<A, float>)
+    return exp_f32(x);
+  else
+    return std::exp(x);
+}
+
 // SiLU as PyTorch's CPU kernel writes it: x / (1 + exp(-x)).
 template <class A>
 inline A silu(A x) {
-  return x / (A(1) + std::exp(-x));
+  return x / (A(1) + exp_acc(-x));
 }
 // d silu / dx = s * (1 + x * (1 - s)) with s = sigmoid(x).
 template <class A>
 inline A silu_grad(A x) {
-  A s = A(1) / (A(1) + std::exp(-x));
+  A s = A(1) / (A(1) + exp_acc(-x));
   return s * (A(1) + x * (A(1) - s));
+}
+
+// One row of SwiGLU, a[f] = silu(g[f]) * u[f] rounded once: the loop every
+// SwiGLU forward runs (cpu twins, the grouped W13 epilogue), written so the
+// compiler vectorizes it (no aliasing, no call).
+template <class T>
+inline void swiglu_row(T* __restrict a, const T* __restrict g, const T* __restrict u, int64_t n) {
+  for (int64_t f = 0; f < n; ++f) a[f] = store<T>(silu(load(g[f])) * load(u[f]));
+}
+
+// Its backward over one row: dg (+)= da * u * silu'(g), du (+)= da * silu(g),
+// each rounded once (put); the accumulate test outside the loop so that it
+// vectorizes.
+template <class T>
+inline void swiglu_backward_row(T* __restrict dg, T* __restrict du, const T* __restrict g,
+                                const T* __restrict u, const T* __restrict da, int64_t n,
+                                bool accumulate) {
+  auto row = [&]<bool kAcc>() {
+    for (int64_t f = 0; f < n; ++f) {
+      const acc_t<T> x = load(g[f]), d = load(da[f]);
+      put(dg[f], d * load(u[f]) * silu_grad(x), kAcc);
+      put(du[f], d * silu(x), kAcc);
+    }
+  };
+  accumulate ? row.template operator()<true>() : row.template operator()<false>();
 }
 
 // h_N2F [N, 2F] (gate then up) against a_NF [N, F]; returns F.

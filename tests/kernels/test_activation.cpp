@@ -1,7 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <bit>
+#include <cmath>
+#include <cstdio>
 #include <cstring>  // testing.h uses std::memcmp without including it
+#include <vector>
 
+#include "../../src/kernels/nn_common.h"
 #include "common/testing.h"
 #include "tiermoe/kernels/activation.h"
 
@@ -57,6 +62,54 @@ TEST(Silu, KnownValuesAndSaturation) {
   EXPECT_EQ(dx.get(0), 0.5);
   EXPECT_EQ(dx.get(3), 1.0);
   EXPECT_EQ(dx.get(4), 0.0);
+}
+
+// The f32 exp behind SiLU (nn_common.h: exp_f32): within 2 ulp of the true
+// exp over every 97th float of its range, clamped past it, NaN kept, and a
+// vectorized loop over it gives the scalar bits.
+TEST(ExpF32, WithinTwoUlpClampedNanKeptAndVectorLanesEqualScalar) {
+  using nn_detail::exp_f32;
+  double worst_ulp = 0;
+  std::vector<float> xs;
+  for (uint32_t bits = 0; bits < 0xFFFFFFFFu - 97; bits += 97) {
+    const float x = std::bit_cast<float>(bits);
+    if (!(x >= -87.33f && x <= 88.0f)) continue;
+    xs.push_back(x);
+    const double want = std::exp(double(x));
+    const float got = exp_f32(x);
+    const double ulp = double(std::nextafter(float(want), INFINITY)) - double(float(want));
+    worst_ulp = std::max(worst_ulp, std::abs(double(got) - want) / ulp);
+  }
+  EXPECT_GT(xs.size(), 10'000'000u);
+  EXPECT_LT(worst_ulp, 2.0);
+  std::printf("  exp_f32: worst %.3f ulp over %zu floats\n", worst_ulp, xs.size());
+  EXPECT_EQ(exp_f32(0.0f), 1.0f);
+  EXPECT_EQ(exp_f32(1000.0f), exp_f32(88.0f));  // clamped: finite
+  EXPECT_TRUE(std::isfinite(exp_f32(INFINITY)));
+  EXPECT_EQ(exp_f32(-1000.0f), exp_f32(-87.33654f));  // clamped: the smallest normal range
+  EXPECT_GT(exp_f32(-INFINITY), 0.0f);
+  EXPECT_TRUE(std::isnan(exp_f32(NAN)));
+  // The compiler vectorizes this loop (as it does swiglu_row); each lane must
+  // be the scalar call's bits.
+  std::vector<float> ys(xs.size());
+  for (size_t i = 0; i < xs.size(); ++i) ys[i] = exp_f32(xs[i]);
+  for (size_t i = 0; i < xs.size(); i += 9973) {
+    volatile float x = xs[i];  // a scalar call the compiler cannot fold into the loop
+    ASSERT_EQ(std::bit_cast<uint32_t>(ys[i]), std::bit_cast<uint32_t>(exp_f32(x))) << xs[i];
+  }
+}
+
+// In f32 SiLU saturates without inf: silu(-800) is a tiny negative number,
+// silu(800) is 800, and NaN stays NaN (the non-finite guards rely on it).
+TEST(Silu, F32SaturatesFiniteAndKeepsNan) {
+  Tensor x = Tensor::from_values({4}, DType::f32, {800.0, -800.0, NAN, 1.0});
+  Tensor y = Tensor::empty({4}, DType::f32);
+  cpu::silu_forward(y, x);
+  EXPECT_EQ(y.get(0), 800.0);
+  EXPECT_LE(y.get(1), 0.0);
+  EXPECT_GT(y.get(1), -1e-30);
+  EXPECT_TRUE(std::isnan(y.get(2)));
+  EXPECT_NEAR(y.get(3), 1.0 / (1.0 + std::exp(-1.0)), 2e-7);
 }
 
 TEST(Silu, BackwardMatchesFiniteDifferences) {

@@ -49,11 +49,7 @@ void swiglu_forward(Tensor& a_NF, const Tensor& h_N2F) {
                  [&](int64_t begin, int64_t end) {
                    for (int64_t n = begin; n < end; ++n) {
                      const T* gate = h + n * 2 * F;
-                     const T* up = gate + F;
-                     T* an = a + n * F;
-                     for (int64_t f = 0; f < F; ++f) {
-                       an[f] = store<T>(silu(load(gate[f])) * load(up[f]));
-                     }
+                     swiglu_row(a + n * F, gate, gate + F, F);
                    }
                  });
   });
@@ -70,15 +66,9 @@ void swiglu_backward(Tensor& dh_N2F, const Tensor& da_NF, const Tensor& h_N2F, b
                  [&](int64_t begin, int64_t end) {
                    for (int64_t n = begin; n < end; ++n) {
                      const T* gate = h + n * 2 * F;
-                     const T* up = gate + F;
-                     const T* dan = da + n * F;
                      T* dgate = dh + n * 2 * F;
-                     T* dup = dgate + F;
-                     for (int64_t f = 0; f < F; ++f) {
-                       auto g = load(gate[f]), u = load(up[f]), d = load(dan[f]);
-                       put(dgate[f], d * u * silu_grad(g), accumulate);
-                       put(dup[f], d * silu(g), accumulate);
-                     }
+                     swiglu_backward_row(dgate, dgate + F, gate, gate + F, da + n * F, F,
+                                         accumulate);
                    }
                  });
   });

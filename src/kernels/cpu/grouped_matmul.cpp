@@ -291,6 +291,16 @@ T h_value(float sum, const T* b, int64_t col) {
   T h = store<T>(sum);
   return b ? store<T>(load<T>(h) + load<T>(b[col])) : h;
 }
+// h_value over n consecutive columns (b: their biases, or null), the bias
+// test outside the loop so that it vectorizes.
+template <class T>
+void h_row(T* __restrict h, const float* __restrict s, const T* __restrict b, int64_t n) {
+  if (!b) {
+    for (int64_t f = 0; f < n; ++f) h[f] = store<T>(s[f]);
+    return;
+  }
+  for (int64_t f = 0; f < n; ++f) h[f] = store<T>(load<T>(store<T>(s[f])) + load<T>(b[f]));
+}
 
 template <class T>
 void glu_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t cols, const float* acc,
@@ -310,12 +320,9 @@ void glu_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t col
     if (c.glu.kind == GluKind::swiglu) {
       const int64_t blk = j0 / c.blocks.nc, wp = c.blocks.padded(blk);
       f0 = blk * c.blocks.h, n = c.blocks.width(blk);
-      for (int64_t f = 0; f < n; ++f) {
-        const T g = h_value<T>(s[f], b, f0 + f), u = h_value<T>(s[wp + f], b, F + f0 + f);
-        h[f0 + f] = g;
-        h[F + f0 + f] = u;
-        a[f0 + f] = store<T>(nn_detail::silu(load<T>(g)) * load<T>(u));
-      }
+      h_row<T>(h + f0, s, b ? b + f0 : nullptr, n);
+      h_row<T>(h + F + f0, s + wp, b ? b + F + f0 : nullptr, n);
+      nn_detail::swiglu_row(a + f0, h + f0, h + F + f0, n);
     } else {
       // GPT-OSS's clamped GLU on interleaved pairs, as gpt_oss_glu_forward.
       const float alpha = float(c.glu.alpha), limit = float(c.glu.limit);
