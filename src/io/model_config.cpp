@@ -167,6 +167,14 @@ void ModelConfig::validate(const std::string& where) const {
                 "use bfloat16, float32, float64 or float16");
   TIERMOE_CHECK(rms_norm_eps > 0, str_of("rms_norm_eps must be positive, got ", rms_norm_eps),
                 where, "HF models use 1e-6 or 1e-5");
+  TIERMOE_CHECK(
+      rope_scaling.kind == RopeScaling::Kind::none ||
+          (rope_scaling.factor > 0 && rope_scaling.original_max_position_embeddings > 0 &&
+           rope_scaling.beta_fast > 0 && rope_scaling.beta_slow > 0),
+      str_of("yarn rope scaling with factor ", rope_scaling.factor,
+             ", original_max_position_embeddings ", rope_scaling.original_max_position_embeddings,
+             ", beta_fast ", rope_scaling.beta_fast, ", beta_slow ", rope_scaling.beta_slow),
+      where, "yarn needs a positive factor, original_max_position_embeddings and betas");
   TIERMOE_CHECK(rope_theta > 0, str_of("rope_theta must be positive, got ", rope_theta), where,
                 "HF models use 1e4 to 1e7");
   TIERMOE_CHECK(initializer_range >= 0,
@@ -235,6 +243,19 @@ std::string ModelConfig::to_json() const {
   j["num_experts_per_tok"] = num_experts_per_tok;
   j["rope_theta"] = rope_theta;
   j["rope_scaling"] = nullptr;
+  if (rope_scaling.kind == RopeScaling::Kind::yarn) {
+    const RopeScaling& s = rope_scaling;
+    Json y = {{"rope_type", "yarn"},
+              {"factor", s.factor},
+              {"original_max_position_embeddings", s.original_max_position_embeddings},
+              {"beta_fast", s.beta_fast},
+              {"beta_slow", s.beta_slow},
+              {"truncate", s.truncate}};
+    if (s.attention_factor) y["attention_factor"] = *s.attention_factor;
+    if (s.mscale) y["mscale"] = *s.mscale;
+    if (s.mscale_all_dim) y["mscale_all_dim"] = *s.mscale_all_dim;
+    j["rope_scaling"] = y;
+  }
   j["rms_norm_eps"] = rms_norm_eps;
   j["router_aux_loss_coef"] = router_aux_loss_coef;
   j["output_router_logits"] = output_router_logits;

@@ -97,6 +97,8 @@ class FieldReader {
     return &v;
   }
 
+  const std::string& path() const { return path_; }
+
   [[noreturn]] void fail(const std::string& what, const std::string& hint) const {
     throw Error(what, path_, hint);
   }
@@ -123,19 +125,41 @@ ModelFamily parse_family(const std::string& type, const std::string& path) {
 }
 
 // RoPE: v4 keeps rope_theta at the top level and scaling in rope_scaling; v5
-// moves both into rope_parameters. Only plain RoPE is implemented.
+// moves both into rope_parameters. Plain RoPE and YaRN are implemented.
 void parse_rope(const FieldReader& f, ModelConfig& c, double default_theta) {
   c.rope_theta = f.get_double("rope_theta", default_theta);
   for (const char* key : {"rope_scaling", "rope_parameters"}) {
     const Json* rope = f.object(key);
     if (!rope) continue;
-    FieldReader r(*rope, "");
+    FieldReader r(*rope, f.path());
     std::string type = r.opt_string("rope_type").value_or(r.opt_string("type").value_or("default"));
-    if (type != "default") {
-      f.fail(str_of("config field '", key, "' asks for RoPE type '", type, "'"),
-             "TierMoE implements plain RoPE only; set the field to null");
-    }
     if (auto theta = r.opt_double("rope_theta")) c.rope_theta = *theta;
+    if (type == "default") continue;
+    if (type != "yarn") {
+      f.fail(str_of("config field '", key, "' asks for RoPE type '", type, "'"),
+             "TierMoE implements plain RoPE and yarn; set the field to null for plain RoPE");
+    }
+    RopeScaling& s = c.rope_scaling;
+    s.kind = RopeScaling::Kind::yarn;
+    // transformers: a missing factor is max_position_embeddings / original.
+    s.original_max_position_embeddings = r.get_int(
+        "original_max_position_embeddings", f.get_int("original_max_position_embeddings", 0));
+    s.factor = r.get_double("factor", 0.0);
+    s.beta_fast = r.get_double("beta_fast", 32.0);
+    s.beta_slow = r.get_double("beta_slow", 1.0);
+    s.truncate = r.get_bool("truncate", true);
+    s.attention_factor = r.opt_double("attention_factor");
+    s.mscale = r.opt_double("mscale");
+    s.mscale_all_dim = r.opt_double("mscale_all_dim");
+  }
+  RopeScaling& s = c.rope_scaling;
+  if (s.kind == RopeScaling::Kind::yarn) {
+    if (s.original_max_position_embeddings == 0) {
+      s.original_max_position_embeddings = c.max_position_embeddings;
+    }
+    if (s.factor == 0.0 && s.original_max_position_embeddings > 0) {
+      s.factor = double(c.max_position_embeddings) / double(s.original_max_position_embeddings);
+    }
   }
 }
 

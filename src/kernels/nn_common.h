@@ -240,6 +240,18 @@ inline int64_t check_rope_tables(const Tensor& cos_RP, const Tensor& sin_RP, std
                 "rotate-half pairs element i with i + P/2");
   return P;
 }
+// Given RoPE frequencies: one per pair of the tables' width P, each finite and positive.
+inline void check_rope_frequencies(std::span<const double> inv_freq, int64_t P,
+                                   std::string_view op) {
+  TIERMOE_CHECK(
+      int64_t(inv_freq.size()) * 2 == P,
+      std::to_string(inv_freq.size()) + " frequencies for tables of width " + std::to_string(P),
+      std::string(op), "pass one frequency per rotated pair");
+  for (double f : inv_freq) {
+    TIERMOE_CHECK(std::isfinite(f) && f > 0, "RoPE frequency " + std::to_string(f), std::string(op),
+                  "frequencies must be finite and positive");
+  }
+}
 // x is [..., H, P] with leading dims flattening to the tables' R, and P at
 // least the tables' width (partial rotary: the dims past it pass through);
 // returns H.

@@ -8,7 +8,7 @@
 
 namespace tiermoe {
 
-RopeTables RopeTables::make(int64_t B, int64_t T, int64_t Pr, double theta, DType dtype,
+RopeTables RopeTables::make(int64_t B, int64_t T, const RopeFrequencies& freqs, DType dtype,
                             std::span<const int32_t> positions_BT,
                             std::span<const int32_t> doc_start_BT) {
   RopeTables r;
@@ -25,9 +25,13 @@ RopeTables RopeTables::make(int64_t B, int64_t T, int64_t Pr, double theta, DTyp
                   "RopeTables", "pass one position per token, or none");
     pos.assign(positions_BT.begin(), positions_BT.end());
   }
-  r.cos_RP = Tensor::empty({B * T, Pr}, dtype);
-  r.sin_RP = Tensor::empty({B * T, Pr}, dtype);
-  cpu::rope_tables(r.cos_RP, r.sin_RP, pos, theta);
+  r.cos_RP = Tensor::empty({B * T, freqs.rotary_dim}, dtype);
+  r.sin_RP = Tensor::empty({B * T, freqs.rotary_dim}, dtype);
+  if (freqs.inv_freq.empty()) {
+    cpu::rope_tables(r.cos_RP, r.sin_RP, pos, freqs.theta);
+  } else {
+    cpu::rope_tables_scaled(r.cos_RP, r.sin_RP, pos, freqs.inv_freq, freqs.attention_factor);
+  }
   return r;
 }
 

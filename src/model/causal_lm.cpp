@@ -45,6 +45,7 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
 CausalLM::CausalLM(ModelConfig config, DType compute, Comm* comm, MatrixAlloc alloc)
     : config_(std::move(config)), dtype_(compute), comm_(comm) {
   check_model_supported(config_, "model config");
+  rope_freqs_ = rope_frequencies(config_);
   dispatcher_ = make_dispatcher(config_, comm_);
   const int64_t V = config_.vocab_size, D = config_.hidden_size;
   embed_ = Weight::matrix({V, D}, compute, alloc);
@@ -241,10 +242,9 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
                 detail::str_of(layout.counted_BT.size(), " padding flags for ", N, " tokens"),
                 "CausalLM::forward", "pass one flag per token, or none");
   if (!layout.empty()) {
-    rope_ = RopeTables::make(B, T, config_.rotary_dim(), config_.rope_theta, dtype_,
-                             layout.positions_BT, layout.doc_start_BT);
+    rope_ = RopeTables::make(B, T, rope_freqs_, dtype_, layout.positions_BT, layout.doc_start_BT);
   } else if (rope_.B != B || rope_.T != T || rope_.cos_RP.dtype() != dtype_ || rope_custom_) {
-    rope_ = RopeTables::make(B, T, config_.rotary_dim(), config_.rope_theta, dtype_);
+    rope_ = RopeTables::make(B, T, rope_freqs_, dtype_);
   }
   rope_custom_ = !layout.empty();
   saved_.clear();

@@ -343,10 +343,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{"gelu",
                   R"({"model_type": "qwen3_moe", "hidden_act": "gelu"})",
                   {"hidden_act", "gelu", "silu"}},
-        BadConfig{"yarn",
+        BadConfig{"longrope",
                   R"({"model_type": "qwen3_moe",
-                      "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})",
-                  {"rope_scaling", "yarn"}},
+                      "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})",
+                  {"rope_scaling", "longrope", "yarn"}},
+        BadConfig{"yarn_factor",
+                  R"({"model_type": "qwen3_moe", "rope_scaling": {"rope_type": "yarn",
+                      "factor": -2.0, "original_max_position_embeddings": 4096}})",
+                  {"yarn", "factor -2"}},
         BadConfig{"sliding",
                   R"({"model_type": "qwen3_moe", "use_sliding_window": true})",
                   {"use_sliding_window"}},
@@ -406,6 +410,31 @@ TEST(ModelConfig, ToJsonRoundTripsEveryPresetAndFamily) {
     EXPECT_EQ(back.qkv_bias, c.qkv_bias);
     EXPECT_EQ(back.shared_expert_intermediate_size, c.shared_expert_intermediate_size);
   }
+}
+
+// YaRN as Qwen3's long-context configs write it (v4, rope_scaling) and as
+// transformers 5 does (rope_parameters); a missing factor is
+// max_position_embeddings / original_max_position_embeddings.
+TEST(ModelConfig, YarnRopeScaling) {
+  ModelConfig c = parse_model_config(R"({"model_type": "qwen3_moe", "rope_theta": 1000000.0,
+      "max_position_embeddings": 131072, "rope_scaling": {"rope_type": "yarn", "factor": 4.0,
+      "original_max_position_embeddings": 32768}})",
+                                     "config.json");
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::yarn);
+  EXPECT_EQ(c.rope_scaling.factor, 4.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_EQ(c.rope_scaling.beta_fast, 32.0);
+  EXPECT_TRUE(c.rope_scaling.truncate);
+  EXPECT_EQ(parse_model_config(c.to_json(), "roundtrip").to_json(), c.to_json());
+  ModelConfig v5 = parse_model_config(R"({"model_type": "qwen3_moe",
+      "max_position_embeddings": 8192, "rope_parameters": {"rope_type": "yarn",
+      "rope_theta": 5000.0, "original_max_position_embeddings": 2048, "mscale": 0.707,
+      "mscale_all_dim": 0.707, "truncate": false}})",
+                                      "config.json");
+  EXPECT_EQ(v5.rope_theta, 5000.0);
+  EXPECT_EQ(v5.rope_scaling.factor, 4.0);
+  EXPECT_FALSE(v5.rope_scaling.truncate);
+  EXPECT_EQ(v5.rope_scaling.mscale, 0.707);
 }
 
 // The config.json transformers 5 itself wrote for the Qwen2-MoE fixture

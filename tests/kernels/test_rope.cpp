@@ -216,3 +216,30 @@ TEST(Rope, PartialRotaryRotatesTheFirstDimsOnly) {
   cpu::rope_backward(dx, r, c, s);
   EXPECT_TRUE(fd_check(loss, x, dx, "partial rope dx", 1e-6, 1e-8, 72));
 }
+
+// Tables from given frequencies (YaRN's) and a scale: cpu equals ref
+// bitwise, each entry is cos/sin(pos * f_i) * scale, and the plain tables
+// are the same function of theta's frequencies at scale 1.
+TEST(Rope, ScaledTablesFromGivenFrequencies) {
+  std::vector<int32_t> pos = positions(2, 5, 3);
+  const std::vector<double> freqs = {1.0, 0.3, 0.05, 0.001};
+  for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+    Tensor c = Tensor::empty({10, 8}, dt), s = Tensor::empty({10, 8}, dt);
+    Tensor c2 = Tensor::empty({10, 8}, dt), s2 = Tensor::empty({10, 8}, dt);
+    ref::rope_tables_scaled(c, s, pos, freqs, 1.25);
+    cpu::rope_tables_scaled(c2, s2, pos, freqs, 1.25);
+    EXPECT_TRUE(bitwise_equal(c2, c, "scaled cos"));
+    EXPECT_TRUE(bitwise_equal(s2, s, "scaled sin"));
+    const double tol = dt == DType::bf16 ? 1e-2 : dt == DType::f32 ? 1e-6 : 1e-14;
+    for (int64_t r = 0; r < 10; ++r) {
+      for (int64_t i = 0; i < 4; ++i) {
+        EXPECT_NEAR(c.get(r * 8 + i), std::cos(pos[size_t(r)] * freqs[size_t(i)]) * 1.25, tol);
+        EXPECT_NEAR(s.get(r * 8 + i + 4), std::sin(pos[size_t(r)] * freqs[size_t(i)]) * 1.25, tol);
+      }
+    }
+  }
+  std::vector<double> bad = {1.0, 0.0, 0.5, 0.25};
+  Tensor c = Tensor::empty({10, 8}, DType::f64), s = Tensor::empty({10, 8}, DType::f64);
+  EXPECT_THROW(cpu::rope_tables_scaled(c, s, pos, bad, 1.0), Error);
+  EXPECT_THROW(ref::rope_tables_scaled(c, s, pos, std::span(freqs).first(3), 1.0), Error);
+}

@@ -123,6 +123,10 @@ void fill_params(CausalLM& model, const std::string& suffix, double value) {
 
 TEST(FamilyQwen2Moe, EvalWindowsMatchTransformers) { check_family("qwen2_moe", "eval"); }
 TEST(FamilyGlm4Moe, EvalWindowsMatchTransformers) { check_family("glm4_moe", "eval"); }
+TEST(FamilyQwen3MoeYarn, EvalWindowsMatchTransformers) { check_family("qwen3_moe_yarn", "eval"); }
+TEST(FamilyQwen3MoeYarn, PackedDocumentsMatchTransformers) {
+  check_family("qwen3_moe_yarn", "packed");
+}
 TEST(FamilyGlm4Moe, PackedDocumentsMatchTransformers) { check_family("glm4_moe", "packed"); }
 TEST(FamilyQwen2Moe, PackedDocumentsMatchTransformers) { check_family("qwen2_moe", "packed"); }
 
@@ -184,6 +188,23 @@ TEST_F(FamilyDir, TheCheckFailsWithoutEachGlm4Piece) {
                 "glm4_moe", [](CausalLM&) {}, scale),
             1e3);
   EXPECT_LT(off_by_with("glm4_moe", [](CausalLM&) {}), 1.0);
+}
+
+// The check sees YaRN: plain RoPE instead, or YaRN without its cos/sin scale.
+TEST_F(FamilyDir, TheCheckFailsWithoutYarn) {
+  std::filesystem::create_directories(dir_ / "plain");
+  std::filesystem::create_directories(dir_ / "unscaled");
+  const auto plain = with_config("qwen3_moe_yarn", dir_ / "plain",
+                                 {{"rope_parameters", {{"rope_type", "default"}}}});
+  EXPECT_GT(off_by_with(
+                "qwen3_moe_yarn", [](CausalLM&) {}, plain),
+            1e3);
+  const auto unscaled = with_config("qwen3_moe_yarn", dir_ / "unscaled",
+                                    {{"rope_parameters", {{"attention_factor", 1.0}}}});
+  EXPECT_GT(off_by_with(
+                "qwen3_moe_yarn", [](CausalLM&) {}, unscaled),
+            1e3);
+  EXPECT_LT(off_by_with("qwen3_moe_yarn", [](CausalLM&) {}), 1.0);
 }
 
 // A checkpoint with multi-token-prediction layers past the last decoder

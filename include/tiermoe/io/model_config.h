@@ -8,7 +8,7 @@
 //
 // Parsing is strict where transformers is silent: a wrong JSON type, a size
 // that is not positive, heads that do not divide, or a feature TierMoE does
-// not implement (another activation, RoPE scaling) is an Error naming the
+// not implement (another activation, RoPE scaling other than YaRN) is an Error naming the
 // file and the field, never a silently different model.
 #include <cstdint>
 #include <optional>
@@ -30,6 +30,18 @@ enum class QkNorm : uint8_t {
   none,      // Mixtral
   per_head,  // Qwen3: RMSNorm over each head's P values, weight [P]
   whole,     // OLMoE: RMSNorm over the whole projection, weights [Hq*P] and [Hkv*P]
+};
+
+// RoPE scaling (config.json's rope_scaling, or transformers 5's
+// rope_parameters): none, or YaRN with transformers' fields and defaults
+// (model/rope_frequencies.h computes the frequencies and the cos/sin scale).
+struct RopeScaling {
+  enum class Kind : uint8_t { none, yarn } kind = Kind::none;
+  double factor = 1.0;
+  int64_t original_max_position_embeddings = 0;  // 0: max_position_embeddings
+  double beta_fast = 32, beta_slow = 1;
+  bool truncate = true;
+  std::optional<double> attention_factor, mscale, mscale_all_dim;
 };
 
 struct ModelConfig {
@@ -59,6 +71,7 @@ struct ModelConfig {
   int64_t decoder_sparse_step = 1;
   std::vector<int64_t> mlp_only_layers;
   double rope_theta = 10000.0;
+  RopeScaling rope_scaling;
   double rms_norm_eps = 1e-6;
   double router_aux_loss_coef = 0.001;
   bool output_router_logits = false;          // HF adds the aux loss only when true

@@ -27,14 +27,16 @@
 
 namespace tiermoe {
 
-#define TIERMOE_ROPE_DECLS                                                                      \
-  /* cos_RP, sin_RP (dtype of the activations) for positions pos_R */                           \
-  void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,              \
-                   double theta);                                                               \
-  /* y = x * cos + rotate_half(x) * sin; y may alias x */                                       \
-  void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor& sin_RP);    \
-  /* dx (+)= dy * cos - rotate_half(dy * sin); dx may alias dy */                               \
-  void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Tensor& sin_RP,  \
+#define TIERMOE_ROPE_DECLS                                                                        \
+  /* cos_RP, sin_RP (dtype of the activations) for positions pos_R */                             \
+  void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R, double theta); \
+  /* the same from given frequencies inv_freq [P/2] (YaRN's), each entry times scale */           \
+  void rope_tables_scaled(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,         \
+                          std::span<const double> inv_freq, double scale);                        \
+  /* y = x * cos + rotate_half(x) * sin; y may alias x */                                         \
+  void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor& sin_RP);      \
+  /* dx (+)= dy * cos - rotate_half(dy * sin); dx may alias dy */                                 \
+  void rope_backward(Tensor& dx, const Tensor& dy, const Tensor& cos_RP, const Tensor& sin_RP,    \
                      bool accumulate = false);
 
 namespace ref {

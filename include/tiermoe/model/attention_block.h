@@ -28,12 +28,14 @@
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/model/linear.h"
 #include "tiermoe/model/lora.h"
+#include "tiermoe/model/rope_frequencies.h"
 
 namespace tiermoe {
 
 // The batch's token layout as attention reads it: RoPE cos/sin [B*T, Pr]
 // (activation dtype; Pr = ModelConfig::rotary_dim(), the head dim P unless
-// the rotary is partial) at each token's position, and, for packed documents,
+// the rotary is partial; YaRN's frequencies and scale when the config asks)
+// at each token's position, and, for packed documents,
 // each token's document start (kernels/attention.h; empty: one document per
 // row, positions 0..T-1).
 struct RopeTables {
@@ -41,7 +43,7 @@ struct RopeTables {
   Tensor cos_RP, sin_RP;
   std::vector<int32_t> doc_start_BT;
   // positions_BT empty: 0..T-1 in every row.
-  static RopeTables make(int64_t B, int64_t T, int64_t Pr, double theta, DType dtype,
+  static RopeTables make(int64_t B, int64_t T, const RopeFrequencies& freqs, DType dtype,
                          std::span<const int32_t> positions_BT = {},
                          std::span<const int32_t> doc_start_BT = {});
 };

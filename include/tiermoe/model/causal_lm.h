@@ -240,6 +240,7 @@ class CausalLM {
   int64_t B_ = 0, T_ = 0;
   bool has_grad_state_ = false;
   std::vector<int32_t> ids_;
+  RopeFrequencies rope_freqs_;  // from the config, once
   RopeTables rope_;
   bool rope_custom_ = false;  // rope_ holds a TokenLayout's positions
   std::vector<DecoderLayerSaved> saved_;

@@ -43,6 +43,30 @@ void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,
   });
 }
 
+void rope_tables_scaled(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,
+                        std::span<const double> inv_freq, double scale) {
+  int64_t P = check_rope_tables(cos_RP, sin_RP, "rope_tables_scaled");
+  check_shape_is(cos_RP, {int64_t(pos_R.size()), P}, "cos_RP", "rope_tables_scaled");
+  check_rope_frequencies(inv_freq, P, "rope_tables_scaled");
+  visit_dtype(cos_RP.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    int64_t half = P / 2;
+    T* cs = cos_RP.data<T>();
+    T* ss = sin_RP.data<T>();
+    parallel_for(int64_t(pos_R.size()), row_grain(P * 8), [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        T* c = cs + r * P;
+        T* s = ss + r * P;
+        for (int64_t i = 0; i < half; ++i) {
+          const A ang = A(inv_freq[size_t(i)]) * A(pos_R[size_t(r)]);
+          c[i] = c[i + half] = store<T>(std::cos(ang) * A(scale));
+          s[i] = s[i + half] = store<T>(std::sin(ang) * A(scale));
+        }
+      }
+    });
+  });
+}
+
 void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor& sin_RP) {
   check_rope_tables(cos_RP, sin_RP, "rope_forward");
   int64_t H = check_rope_input(x, "x", cos_RP, "rope_forward");

@@ -28,6 +28,26 @@ void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,
   });
 }
 
+void rope_tables_scaled(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,
+                        std::span<const double> inv_freq, double scale) {
+  int64_t P = check_rope_tables(cos_RP, sin_RP, "rope_tables_scaled");
+  check_shape_is(cos_RP, {int64_t(pos_R.size()), P}, "cos_RP", "rope_tables_scaled");
+  check_rope_frequencies(inv_freq, P, "rope_tables_scaled");
+  visit_dtype(cos_RP.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    int64_t half = P / 2;
+    for (size_t r = 0; r < pos_R.size(); ++r) {
+      T* c = cos_RP.data<T>() + int64_t(r) * P;
+      T* s = sin_RP.data<T>() + int64_t(r) * P;
+      for (int64_t i = 0; i < half; ++i) {
+        const A ang = A(inv_freq[size_t(i)]) * A(pos_R[r]);
+        c[i] = c[i + half] = store<T>(std::cos(ang) * A(scale));
+        s[i] = s[i + half] = store<T>(std::sin(ang) * A(scale));
+      }
+    }
+  });
+}
+
 void rope_forward(Tensor& y, const Tensor& x, const Tensor& cos_RP, const Tensor& sin_RP) {
   check_rope_tables(cos_RP, sin_RP, "rope_forward");
   int64_t H = check_rope_input(x, "x", cos_RP, "rope_forward");
