@@ -1,7 +1,7 @@
 #include "peft_fused.h"
 
+#include <cctype>
 #include <cmath>
-#include <regex>
 #include <set>
 
 #include "safetensors_common.h"
@@ -18,23 +18,77 @@ constexpr const char* kExperts = ".experts";
 // The fused parameters in the order transformers registers them, which is
 // the order PEFT wraps them in (the first innermost).
 constexpr const char* kFusedParams[] = {"gate_up_proj", "down_proj"};
-// Patterns and keys are module paths: a bound keeps std::regex (recursive)
-// far from the stack's limit whatever a file holds.
+// Patterns and keys are module paths, bounded so that matching stays cheap
+// whatever a file holds.
 constexpr size_t kMaxPatternChars = 256;
 constexpr size_t kMaxKeyChars = 1024;
 
-std::regex compile_pattern(const std::string& pattern, const std::string& where) {
+// rank_pattern / alpha_pattern keys as PEFT writes them: module names and
+// the regular expressions of its fusion (".*\\.gate_up_proj"). TierMoE reads
+// that subset of Python's syntax, literal characters (or escaped
+// punctuation), "." and a "*" after either, and matches it by a linear scan
+// of the key, not std::regex: a nested quantifier or a huge backreference in
+// an untrusted file made std::regex backtrack for minutes or overflow.
+struct PatternToken {
+  char c = 0;
+  bool any = false;   // "."
+  bool star = false;  // followed by "*"
+};
+
+std::vector<PatternToken> parse_pattern(const std::string& pattern, const std::string& where) {
   TIERMOE_CHECK(pattern.size() <= kMaxPatternChars,
                 str_of("pattern of ", pattern.size(), " characters"), where,
                 str_of("rank_pattern / alpha_pattern keys are module names or short regular "
                        "expressions (at most ",
                        kMaxPatternChars, " characters)"));
-  try {
-    // get_pattern_key: re.match(rf"(.*\.)?({pattern})$", key)
-    return std::regex("(.*\\.)?(" + pattern + ")", std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    throw Error("pattern " + printable(pattern) + " is not a regular expression: " + e.what(),
-                where, "rank_pattern / alpha_pattern keys are module names or regexes");
+  auto refuse = [&](const std::string& why) {
+    throw Error(
+        "pattern " + printable(pattern) + " is not a regular expression TierMoE reads: " + why,
+        where,
+        "rank_pattern / alpha_pattern keys are module names or regexes of literal "
+        "characters, \\. , . and * (as PEFT writes them: \".*\\\\.gate_up_proj\")");
+  };
+  std::vector<PatternToken> tokens;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char ch = pattern[i];
+    if (ch == '*') {
+      if (tokens.empty() || tokens.back().star) refuse("'*' follows nothing it can repeat");
+      tokens.back().star = true;
+    } else if (ch == '.') {
+      tokens.push_back({0, true, false});
+    } else if (ch == '\\') {
+      if (i + 1 == pattern.size() || std::isalnum(static_cast<unsigned char>(pattern[i + 1]))) {
+        refuse("only punctuation may be escaped");
+      }
+      tokens.push_back({pattern[++i], false, false});
+    } else if (ch == '$' && i + 1 == pattern.size()) {
+      // re.match(...$) anchors anyway
+    } else if (std::string_view("+?()[]{}|^$").find(ch) != std::string_view::npos) {
+      refuse(str_of("'", ch, "' is not supported"));
+    } else {
+      tokens.push_back({ch, false, false});
+    }
+  }
+  return tokens;
+}
+
+// PEFT's get_pattern_key: re.match(rf"(.*\.)?({pattern})$", key), i.e. the
+// pattern matches the whole key or a tail of it that starts after a ".".
+// One pass over the key carrying the set of pattern positions reached.
+bool pattern_matches(const std::vector<PatternToken>& p, std::string_view key) {
+  const size_t m = p.size();
+  std::vector<char> cur(m + 1, 0), next(m + 1, 0);
+  for (size_t i = 0;; ++i) {
+    if (i == 0 || key[i - 1] == '.') cur[0] = 1;
+    for (size_t j = 0; j < m; ++j) {  // a starred token may match nothing
+      if (cur[j] && p[j].star) cur[j + 1] = 1;
+    }
+    if (i == key.size()) return cur[m];
+    std::fill(next.begin(), next.end(), 0);
+    for (size_t j = 0; j < m; ++j) {
+      if (cur[j] && (p[j].any || p[j].c == key[i])) next[p[j].star ? j : j + 1] = 1;
+    }
+    std::swap(cur, next);
   }
 }
 
@@ -46,7 +100,7 @@ V pattern_value(const std::vector<std::pair<std::string, V>>& patterns, V dflt,
   const std::string* found = nullptr;
   V value = dflt;
   for (const auto& [pattern, v] : patterns) {
-    if (!std::regex_match(key, compile_pattern(pattern, where))) continue;
+    if (!pattern_matches(parse_pattern(pattern, where), key)) continue;
     TIERMOE_CHECK(
         !found || v == value,
         str_of(field, " patterns ", printable(*(found ? found : &pattern)), " and ",
@@ -196,7 +250,7 @@ PeftPatterns parse_peft_patterns(const Json& j, const std::string& path) {
     const Json& m = j.at(key);
     if (!m.is_object()) fail(key, str_of(key, " must be an object"), "{\"pattern\": value}");
     for (const auto& [pattern, v] : m.items()) {
-      compile_pattern(pattern, path + " key " + key);
+      parse_pattern(pattern, path + " key " + key);
       if (std::string_view(key) == "rank_pattern") {
         if (!v.is_number_integer() || v.get<int64_t>() <= 0) {
           fail(key, "rank_pattern value for " + printable(pattern) + " must be a positive integer",

@@ -258,6 +258,23 @@ TEST(PeftMalformed, ConfigErrorsNameFileAndKey) {
          j["rank_pattern"] = {{"(((", 2}};
        },
        {"not a regular expression", "key rank_pattern"}},
+      // What the fuzzer fed std::regex: a nested quantifier (minutes of
+      // backtracking) and a backreference past 2^63 (overflow in its parser).
+      {"rank_pattern nested quantifier",
+       [](Json& j) {
+         j["rank_pattern"] = {{".**\\.gate_up_proj", 2}};
+       },
+       {"not a regular expression TierMoE reads", "'*' follows nothing", "key rank_pattern"}},
+      {"alpha_pattern huge backreference",
+       [](Json& j) {
+         j["alpha_pattern"] = {{".*\\2222222222222222222222222.gate_up_proj", 2}};
+       },
+       {"only punctuation may be escaped", "key alpha_pattern"}},
+      {"rank_pattern a tail of the path",
+       [](Json& j) {
+         j["rank_pattern"] = {{"layers.0.self_attn.q_proj", 2}};
+       },
+       {"give model.layers.0.self_attn.q_proj rank 2", kPeftWeightsFile}},
       {"target_parameters names the router",
        [](Json& j) { j["target_parameters"] = {"mlp.gate.weight"}; },
        {"mlp.gate.weight", "never the router", "key target_parameters"}},
