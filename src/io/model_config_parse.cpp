@@ -206,6 +206,17 @@ void parse_head_dim(const FieldReader& f, ModelConfig& c, bool has_field) {
   c.head_dim = c.hidden_size / c.num_attention_heads;
 }
 
+// The expert count under `key` or its alias (transformers 5's
+// num_local_experts); both present must agree.
+int64_t expert_count(const FieldReader& f, const char* key, const char* alias, int64_t dflt) {
+  auto e = f.opt_int(key), e_alias = f.opt_int(alias);
+  if (e && e_alias && *e != *e_alias) {
+    f.fail(str_of(key, " (", *e, ") and ", alias, " (", *e_alias, ") disagree"),
+           "keep one of the two fields");
+  }
+  return e ? *e : e_alias.value_or(dflt);
+}
+
 void parse_qwen3_moe(const FieldReader& f, ModelConfig& c) {
   c.vocab_size = f.get_int("vocab_size", 151936);
   c.hidden_size = f.get_int("hidden_size", 2048);
@@ -216,12 +227,7 @@ void parse_qwen3_moe(const FieldReader& f, ModelConfig& c) {
   c.max_position_embeddings = f.get_int("max_position_embeddings", 32768);
   parse_common(f, c, 4);
   parse_head_dim(f, c, true);
-  auto e = f.opt_int("num_experts"), e_v5 = f.opt_int("num_local_experts");
-  if (e && e_v5 && *e != *e_v5) {
-    f.fail(str_of("num_experts (", *e, ") and num_local_experts (", *e_v5, ") disagree"),
-           "keep one of the two fields");
-  }
-  c.num_experts = e ? *e : e_v5.value_or(128);
+  c.num_experts = expert_count(f, "num_experts", "num_local_experts", 128);
   c.num_experts_per_tok = f.get_int("num_experts_per_tok", 8);
   c.norm_topk_prob = f.get_bool("norm_topk_prob", false);
   c.decoder_sparse_step = f.get_int("decoder_sparse_step", 1);
@@ -345,12 +351,7 @@ void parse_glm4_moe(const FieldReader& f, ModelConfig& c) {
   c.max_position_embeddings = f.get_int("max_position_embeddings", 131072);
   parse_common(f, c, 8);
   parse_head_dim(f, c, true);
-  auto e = f.opt_int("n_routed_experts"), e_alias = f.opt_int("num_local_experts");
-  if (e && e_alias && *e != *e_alias) {
-    f.fail(str_of("n_routed_experts (", *e, ") and num_local_experts (", *e_alias, ") disagree"),
-           "keep one of the two fields");
-  }
-  c.num_experts = e ? *e : e_alias.value_or(128);
+  c.num_experts = expert_count(f, "n_routed_experts", "num_local_experts", 128);
   c.num_experts_per_tok = f.get_int("num_experts_per_tok", 8);
   const int64_t shared = f.get_int("n_shared_experts", 1);
   if (shared < 0) {

@@ -240,6 +240,20 @@ inline int64_t check_rope_tables(const Tensor& cos_RP, const Tensor& sin_RP, std
                 "rotate-half pairs element i with i + P/2");
   return P;
 }
+// One row of RoPE tables [P] at position pos: pair i's angle is
+// inv_freq(i) * pos in A, its entries cos / sin of it times `scale` (1 for
+// plain RoPE, where the product changes no bit).
+template <class T, class InvFreq>
+inline void rope_table_row(T* c, T* s, int32_t pos, int64_t P, InvFreq inv_freq, acc_t<T> scale) {
+  using A = acc_t<T>;
+  const int64_t half = P / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const A ang = A(inv_freq(i)) * A(pos);
+    c[i] = c[i + half] = store<T>(std::cos(ang) * scale);
+    s[i] = s[i + half] = store<T>(std::sin(ang) * scale);
+  }
+}
+
 // Given RoPE frequencies: one per pair of the tables' width P, each finite and positive.
 inline void check_rope_frequencies(std::span<const double> inv_freq, int64_t P,
                                    std::string_view op) {
@@ -292,12 +306,11 @@ inline void rope_pair_backward(T& dx1, T& dx2, acc_t<T> dy1, acc_t<T> dy2, acc_t
   put(dx2, g2, accumulate);
 }
 
-// Angle of pair i at position pos, in A (f32, or f64 in f64 runs), the way
-// HF builds it: inv_freq = 1 / theta^(float(2i) / P), then pos * inv_freq.
+// Pair i's frequency in A (f32, or f64 in f64 runs), the way HF builds it:
+// 1 / theta^(float(2i) / P); its angle at pos is pos * inv_freq.
 template <class A>
-inline A rope_angle(int32_t pos, int64_t i, int64_t P, double theta) {
-  A inv_freq = A(1) / std::pow(A(theta), A(2 * i) / A(P));
-  return inv_freq * A(pos);
+inline A rope_inv_freq(int64_t i, int64_t P, double theta) {
+  return A(1) / std::pow(A(theta), A(2 * i) / A(P));
 }
 
 // logits_NV [N, V] against targets_N; returns the number of counted targets.

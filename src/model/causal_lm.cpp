@@ -148,7 +148,7 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
                      set_experts});
     }
     if (SharedExpert* shared = layer->shared_expert()) {
-      dense(block + std::string(shared_expert_module(config_.family)) + ".", shared->mlp());
+      dense(layer->shared_expert_name() + ".", shared->mlp());
       if (shared->gated()) {
         weight(block + "shared_expert_gate.weight", HfRole::router, shared->gate());
       }

@@ -277,8 +277,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       continue;
     }
     if (SharedExpert* shared = layer->shared_expert()) {
-      bind_dense(p + "mlp." + std::string(shared_expert_module(config_.family)) + ".",
-                 shared->mlp());
+      bind_dense(layer->shared_expert_name() + ".", shared->mlp());
     }
     GroupedExperts& ex = layer->moe()->experts();
     const int64_t El = local_experts(), F = config_.moe_intermediate_size;

@@ -26,18 +26,13 @@ void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,
                 "rope_tables", "check rope_theta in the model config");
   visit_dtype(cos_RP.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    int64_t half = P / 2;
     T* cs = cos_RP.data<T>();
     T* ss = sin_RP.data<T>();
     parallel_for(int64_t(pos_R.size()), row_grain(P * 8), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        T* c = cs + r * P;
-        T* s = ss + r * P;
-        for (int64_t i = 0; i < half; ++i) {
-          A ang = rope_angle<A>(pos_R[size_t(r)], i, P, theta);
-          c[i] = c[i + half] = store<T>(std::cos(ang));
-          s[i] = s[i + half] = store<T>(std::sin(ang));
-        }
+        rope_table_row<T>(
+            cs + r * P, ss + r * P, pos_R[size_t(r)], P,
+            [&](int64_t i) { return rope_inv_freq<A>(i, P, theta); }, A(1));
       }
     });
   });
@@ -50,18 +45,13 @@ void rope_tables_scaled(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t>
   check_rope_frequencies(inv_freq, P, "rope_tables_scaled");
   visit_dtype(cos_RP.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    int64_t half = P / 2;
     T* cs = cos_RP.data<T>();
     T* ss = sin_RP.data<T>();
     parallel_for(int64_t(pos_R.size()), row_grain(P * 8), [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
-        T* c = cs + r * P;
-        T* s = ss + r * P;
-        for (int64_t i = 0; i < half; ++i) {
-          const A ang = A(inv_freq[size_t(i)]) * A(pos_R[size_t(r)]);
-          c[i] = c[i + half] = store<T>(std::cos(ang) * A(scale));
-          s[i] = s[i + half] = store<T>(std::sin(ang) * A(scale));
-        }
+        rope_table_row<T>(
+            cs + r * P, ss + r * P, pos_R[size_t(r)], P,
+            [&](int64_t i) { return inv_freq[size_t(i)]; }, A(scale));
       }
     });
   });

@@ -15,15 +15,10 @@ void rope_tables(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t> pos_R,
                 "rope_tables", "check rope_theta in the model config");
   visit_dtype(cos_RP.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    int64_t half = P / 2;
     for (size_t r = 0; r < pos_R.size(); ++r) {
-      T* c = cos_RP.data<T>() + int64_t(r) * P;
-      T* s = sin_RP.data<T>() + int64_t(r) * P;
-      for (int64_t i = 0; i < half; ++i) {
-        A ang = rope_angle<A>(pos_R[r], i, P, theta);
-        c[i] = c[i + half] = store<T>(std::cos(ang));
-        s[i] = s[i + half] = store<T>(std::sin(ang));
-      }
+      rope_table_row<T>(
+          cos_RP.data<T>() + int64_t(r) * P, sin_RP.data<T>() + int64_t(r) * P, pos_R[r], P,
+          [&](int64_t i) { return rope_inv_freq<A>(i, P, theta); }, A(1));
     }
   });
 }
@@ -35,15 +30,10 @@ void rope_tables_scaled(Tensor& cos_RP, Tensor& sin_RP, std::span<const int32_t>
   check_rope_frequencies(inv_freq, P, "rope_tables_scaled");
   visit_dtype(cos_RP.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    int64_t half = P / 2;
     for (size_t r = 0; r < pos_R.size(); ++r) {
-      T* c = cos_RP.data<T>() + int64_t(r) * P;
-      T* s = sin_RP.data<T>() + int64_t(r) * P;
-      for (int64_t i = 0; i < half; ++i) {
-        const A ang = A(inv_freq[size_t(i)]) * A(pos_R[r]);
-        c[i] = c[i + half] = store<T>(std::cos(ang) * A(scale));
-        s[i] = s[i + half] = store<T>(std::sin(ang) * A(scale));
-      }
+      rope_table_row<T>(
+          cos_RP.data<T>() + int64_t(r) * P, sin_RP.data<T>() + int64_t(r) * P, pos_R[r], P,
+          [&](int64_t i) { return inv_freq[size_t(i)]; }, A(scale));
     }
   });
 }
