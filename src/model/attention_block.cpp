@@ -158,7 +158,8 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
   Tensor o = Tensor::empty({B, T, H_, P_}, dt);
   saved.lse_BTH = Tensor::empty({B, T, H_}, acc_dtype_for(dt));
   part.emplace(times_, StepPart::attention);
-  cpu::attention_forward_docs(o, saved.lse_BTH, saved.q, saved.k, saved.v, rope.doc_start_BT);
+  cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v,
+                         {.doc_start_BT = rope.doc_start_BT});
   saved.o_TX = o.view({N, H_ * P_});
   part.emplace(times_, StepPart::projections);
   o_proj_.forward(y_TD, saved.o_TX);
@@ -178,8 +179,9 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
   part.emplace(times_, StepPart::attention);
-  cpu::attention_backward_docs(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
-                               saved.o_TX.view({B, T, H_, P_}), saved.lse_BTH, rope.doc_start_BT);
+  cpu::attention_backward(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
+                          saved.o_TX.view({B, T, H_, P_}), saved.lse_BTH,
+                          {.doc_start_BT = rope.doc_start_BT});
   part.emplace(times_, StepPart::norms);
   cpu::rope_backward(dq, dq, rope.cos_RP, rope.sin_RP);
   cpu::rope_backward(dk, dk, rope.cos_RP, rope.sin_RP);

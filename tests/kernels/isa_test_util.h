@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <string>
 
 #include "tiermoe/kernels/cpu_isa.h"
 
@@ -35,5 +36,22 @@ class IsaTest : public ::testing::TestWithParam<Case> {
  private:
   std::optional<ScopedIsa> scoped_;
 };
+
+// A case that is only its ISA, every GEMM ISA (the emulations included) as
+// parameters, and their names as test names ("avx512bf16_emu").
+struct IsaOnly {
+  CpuIsa isa;
+};
+inline auto all_isas() {
+  return ::testing::Values(IsaOnly{CpuIsa::avx2}, IsaOnly{CpuIsa::avx512},
+                           IsaOnly{CpuIsa::avx512bf16}, IsaOnly{CpuIsa::amx},
+                           IsaOnly{CpuIsa::avx512_emu}, IsaOnly{CpuIsa::avx512bf16_emu},
+                           IsaOnly{CpuIsa::amx_emu});
+}
+inline std::string isa_param_name(const ::testing::TestParamInfo<IsaOnly>& info) {
+  std::string n(cpu_isa_name(info.param.isa));
+  for (char& ch : n) ch = ch == '-' ? '_' : ch;
+  return n;
+}
 
 }  // namespace tiermoe::testing

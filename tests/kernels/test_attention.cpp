@@ -41,8 +41,8 @@ struct Grads {
 template <class Fwd, class Bwd>
 void run(Fwd fwd, Bwd bwd, const Inputs& in, const Tensor& dout, Tensor& out, Tensor& lse,
          Grads& g) {
-  fwd(out, lse, in.q, in.k, in.v);
-  bwd(g.dq, g.dk, g.dv, dout, in.q, in.k, in.v, out, lse, false);
+  fwd(out, lse, in.q, in.k, in.v, {});
+  bwd(g.dq, g.dk, g.dv, dout, in.q, in.k, in.v, out, lse, {}, false, nullptr);
 }
 Grads empty_grads(const Inputs& in) {
   return {Tensor::empty(in.q.shape(), in.q.dtype()), Tensor::empty(in.k.shape(), in.k.dtype()),
@@ -130,7 +130,7 @@ TEST(Attention, CpuMatchesRef) {
       // accumulate adds onto what is there.
       Grads twice = {g_cpu.dq.clone(), g_cpu.dk.clone(), g_cpu.dv.clone()};
       cpu::attention_backward(twice.dq, twice.dk, twice.dv, dout, in.q, in.k, in.v, out_cpu,
-                              lse_cpu, true);
+                              lse_cpu, {}, true);
       Tensor doubled = g_cpu.dk.clone();
       for (int64_t i = 0; i < doubled.numel(); ++i) doubled.set(i, 2 * g_cpu.dk.get(i));
       EXPECT_TRUE(all_close(twice.dk, doubled, 0, 0, "accumulated dk " + what));
@@ -148,7 +148,7 @@ TEST(Attention, CausalMask) {
     Inputs in = random_inputs(d, DType::f64, rng);
     Tensor out = Tensor::empty(in.q.shape(), DType::f64),
            lse = Tensor::empty({2, 6, 4}, DType::f64);
-    fwd(out, lse, in.q, in.k, in.v);
+    fwd(out, lse, in.q, in.k, in.v, {});
     for (int64_t b = 0; b < 2; ++b) {
       for (int64_t h = 0; h < 4; ++h) {
         for (int64_t c = 0; c < 8; ++c) {
@@ -163,7 +163,7 @@ TEST(Attention, CausalMask) {
         in.v.set((b * 6 + 5) * 16 + i, -100.0);
       }
     }
-    fwd(out, lse, in.q, in.k, in.v);
+    fwd(out, lse, in.q, in.k, in.v, {});
     int64_t changed = 0;
     for (int64_t b = 0; b < 2; ++b) {
       for (int64_t i = 0; i < 6 * 32; ++i) {
@@ -229,7 +229,7 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       auto fwd = twin ? cpu::attention_forward : ref::attention_forward;
       auto bwd = twin ? cpu::attention_backward : ref::attention_backward;
       auto loss = [&] {
-        fwd(out, lse, in.q, in.k, in.v);
+        fwd(out, lse, in.q, in.k, in.v, {});
         return weighted_sum(out, r);
       };
       Grads g = empty_grads(in);
@@ -316,7 +316,7 @@ struct Qwen3Core {
     K.norm_fwd(s.k, s.rstd_k, k_raw, wk_P, kEps);
     K.rope_fwd(s.q, s.q, cos_RP, sin_RP);  // in place, as the model does
     K.rope_fwd(s.k, s.k, cos_RP, sin_RP);
-    K.attn_fwd(s.out, s.lse, s.q, s.k, v);
+    K.attn_fwd(s.out, s.lse, s.q, s.k, v, {});
     return s;
   }
 
@@ -328,7 +328,7 @@ struct Qwen3Core {
             Tensor::empty(v.shape(), dt), Tensor::empty({d.P}, acc_dtype(dt)),
             Tensor::empty({d.P}, acc_dtype(dt))};
     Tensor dq = Tensor::empty(q_raw.shape(), dt), dk = Tensor::empty(k_raw.shape(), dt);
-    K.attn_bwd(dq, dk, g.dv, dout, s.q, s.k, v, s.out, s.lse, false);
+    K.attn_bwd(dq, dk, g.dv, dout, s.q, s.k, v, s.out, s.lse, {}, false, nullptr);
     K.rope_bwd(dq, dq, cos_RP, sin_RP, false);
     K.rope_bwd(dk, dk, cos_RP, sin_RP, false);
     K.norm_bwd(g.dq_raw, g.dwq_P, dq, q_raw, wq_P, s.rstd_q, false);

@@ -44,10 +44,11 @@ DocsRun run(bool cpu_kernels, const Tensor& q, const Tensor& k, const Tensor& v,
   DocsRun r{Tensor::empty(q.shape(), dt), Tensor::empty({b, t, q.size(2)}, acc),
             Tensor::empty(q.shape(), dt), Tensor::empty(k.shape(), dt),
             Tensor::empty(v.shape(), dt)};
-  auto fwd = cpu_kernels ? cpu::attention_forward_docs : ref::attention_forward_docs;
-  auto bwd = cpu_kernels ? cpu::attention_backward_docs : ref::attention_backward_docs;
-  fwd(r.out, r.lse, q, k, v, starts);
-  bwd(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, starts, false);
+  auto fwd = cpu_kernels ? cpu::attention_forward : ref::attention_forward;
+  auto bwd = cpu_kernels ? cpu::attention_backward : ref::attention_backward;
+  const AttentionOptions opt{.doc_start_BT = starts};
+  fwd(r.out, r.lse, q, k, v, opt);
+  bwd(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, opt, false, nullptr);
   return r;
 }
 
@@ -159,10 +160,11 @@ TEST(AttentionDocs, RejectsAMalformedLayout) {
   for (const std::vector<int32_t>& bad :
        {std::vector<int32_t>{0, 0, 1, 1}, std::vector<int32_t>{1, 1, 1, 1},
         std::vector<int32_t>{0, 0, 2, 0}, std::vector<int32_t>{0, 0, 0}}) {
-    EXPECT_THROW(cpu::attention_forward_docs(out, lse, q, k, v, bad), Error);
-    EXPECT_THROW(ref::attention_forward_docs(out, lse, q, k, v, bad), Error);
+    EXPECT_THROW(cpu::attention_forward(out, lse, q, k, v, {.doc_start_BT = bad}), Error);
+    EXPECT_THROW(ref::attention_forward(out, lse, q, k, v, {.doc_start_BT = bad}), Error);
   }
-  EXPECT_NO_THROW(cpu::attention_forward_docs(out, lse, q, k, v, std::vector<int32_t>{0, 0, 2, 2}));
+  const std::vector<int32_t> good{0, 0, 2, 2};
+  EXPECT_NO_THROW(cpu::attention_forward(out, lse, q, k, v, {.doc_start_BT = good}));
 }
 
 }  // namespace

@@ -70,10 +70,11 @@ struct Problem {
     Result r{Tensor::empty(q.shape(), dt), Tensor::empty({d.B, d.T, d.Hq}, acc),
              Tensor::empty(q.shape(), dt), Tensor::empty(k.shape(), dt),
              Tensor::empty(v.shape(), dt)};
-    auto fwd = cpu_kernels ? cpu::attention_forward_docs : ref::attention_forward_docs;
-    auto bwd = cpu_kernels ? cpu::attention_backward_docs : ref::attention_backward_docs;
-    fwd(r.out, r.lse, q, kk, v, starts);
-    bwd(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, starts, false);
+    auto fwd = cpu_kernels ? cpu::attention_forward : ref::attention_forward;
+    auto bwd = cpu_kernels ? cpu::attention_backward : ref::attention_backward;
+    const AttentionOptions opt{.doc_start_BT = starts};
+    fwd(r.out, r.lse, q, kk, v, opt);
+    bwd(r.dq, r.dk, r.dv, dout, q, kk, v, r.out, r.lse, opt, false, nullptr);
     return r;
   }
 };

@@ -29,15 +29,27 @@
 // forward bitwise ref::'s. Tests hold it to ref:: within tolerances written
 // next to them (tests/kernels/test_attention.cpp).
 //
-// Packed documents (the *_docs entry points): several documents share a row
-// of T tokens and no token attends across a document boundary, as
-// transformers' varlen (flash-attention) path does for a batch flattened by
-// DataCollatorWithFlattening. doc_start_BT[b*T + i] is the index within row b
-// of the first token of i's document, so query i sees keys j with
-// doc_start <= j <= i. Documents are contiguous: doc_start of token 0 is 0,
-// and each later token either continues its predecessor's document (same
-// start) or begins one (start = its own index); anything else is an Error.
-// An empty span is one document per row (plain causal attention).
+// Options (AttentionOptions, the entry points' last input) narrow what a
+// query sees or add a column to its softmax; the defaults are plain causal
+// attention over each row:
+//
+// doc_start_BT  packed documents: several share a row of T tokens and no
+//   token attends across a document boundary, as transformers' varlen
+//   (flash-attention) path does for a batch flattened by
+//   DataCollatorWithFlattening. doc_start_BT[b*T + i] is the index within
+//   row b of the first token of i's document, so query i sees keys j with
+//   doc_start <= j <= i. Documents are contiguous: doc_start of token 0 is 0,
+//   and each later token either continues its predecessor's document (same
+//   start) or begins one (start = its own index); anything else is an Error.
+//   Empty: one document per row.
+// window  a sliding window (gpt-oss's sliding_attention layers): query i sees
+//   keys j > i - window as well, transformers' sliding_window_overlay; 0: no
+//   window.
+// sinks_H  [Hq] a learned logit per query head (gpt-oss), in q's dtype: an
+//   extra softmax column no value carries, so lse_i = log(sum_j exp(s_ij) +
+//   exp(sink_h)) and the probabilities of the keys sum to less than one. Its
+//   gradient, dsink_h = -sum_{b,i} exp(sink_h - lse_i) D_i, is added to
+//   dsinks_H (grad dtype: f32, f64 in f64 runs) when backward is given one.
 #include <cstdint>
 #include <span>
 
@@ -45,19 +57,20 @@
 
 namespace tiermoe {
 
+struct AttentionOptions {
+  std::span<const int32_t> doc_start_BT;
+  int64_t window = 0;
+  const Tensor* sinks_H = nullptr;
+};
+
 #define TIERMOE_ATTENTION_DECLS                                                                    \
   void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,           \
-                         const Tensor& v);                                                         \
-  /* dq, dk, dv (+)= with accumulate; out is the forward's */                                      \
+                         const Tensor& v, const AttentionOptions& opt = {});                       \
+  /* dq, dk, dv (+)= with accumulate; out is the forward's; dsinks_H += (may be null) */           \
   void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q, \
                           const Tensor& k, const Tensor& v, const Tensor& out,                     \
-                          const Tensor& lse_BTH, bool accumulate = false);                         \
-  void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,      \
-                              const Tensor& v, std::span<const int32_t> doc_start_BT);             \
-  void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,             \
-                               const Tensor& q, const Tensor& k, const Tensor& v,                  \
-                               const Tensor& out, const Tensor& lse_BTH,                           \
-                               std::span<const int32_t> doc_start_BT, bool accumulate = false);
+                          const Tensor& lse_BTH, const AttentionOptions& opt = {},                 \
+                          bool accumulate = false, Tensor* dsinks_H = nullptr);
 
 namespace ref {
 TIERMOE_ATTENTION_DECLS

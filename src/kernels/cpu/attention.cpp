@@ -26,10 +26,11 @@
 //           dQ is the task's own; dK and dV of each head go to partial sums
 //           that a last pass adds over the group's heads in head order.
 // Visibility: query i of row b sees keys [lo(b, i), i], lo its document's
-// first token (attention_docs.h); a sliding window raises lo, a learned sink
-// is a start value of the running max and sum, and the q.k and v head dims
-// are kept apart (Pk, Pv) for MLA, so those families change the row
-// operations, not the kernel.
+// first token raised by a sliding window (attention_options.h), so a window
+// only skips more blocks. A learned sink is the start value of the running
+// max and sum (m = sink, l = 1), so lse includes it and the backward's p and
+// ds need nothing else; its gradient comes from lse and D per row. The q.k
+// and v head dims are kept apart (Pk, Pv) for MLA's split heads.
 //
 // Every output element is written by one task (the partial sums by one task
 // each, added in a fixed order), and a task's work does not depend on the
@@ -44,7 +45,7 @@
 #include <numeric>
 #include <vector>
 
-#include "../attention_docs.h"
+#include "../attention_options.h"
 #include "../nn_common.h"
 #include "attention_math.h"
 #include "attention_rows.h"
@@ -75,11 +76,11 @@ struct Flash {
   int64_t Pv_n = 0;  // Pv padded to nr (columns of O, dV)
   int64_t T_k = 0;   // T padded to k_step (keys or queries as a reduction)
   float scale = 0;
-  std::span<const int32_t> doc_start_BT;
+  AttentionOptions opt;
 
   int64_t group() const { return Hq / Hkv; }
   int64_t blocks() const { return ceil_div(T, blk); }
-  int64_t lo(int64_t b, int64_t i) const { return first_key(doc_start_BT, b, T, i); }
+  int64_t lo(int64_t b, int64_t i) const { return first_key(opt, b, T, i); }
   int64_t a_bytes(int64_t kc) const { return gemm::a_panel_bytes(*uk, kc); }
   int64_t b_bytes(int64_t kc) const { return gemm::b_panel_bytes(*uk, kc); }
   // Element offsets of (b, t, head) rows in a [B, T, H, P] tensor.
@@ -89,7 +90,7 @@ struct Flash {
   int64_t v_at(int64_t b, int64_t t, int64_t h) const { return ((b * T + t) * Hkv + h) * Pv; }
 };
 
-Flash plan(const AttentionDims& d, DType dt, std::span<const int32_t> doc_start_BT) {
+Flash plan(const AttentionDims& d, DType dt, const AttentionOptions& opt) {
   Flash f;
   f.uk = &gemm::microkernel(cpu_isa(), dt);
   const gemm::Microkernel& uk = *f.uk;
@@ -101,7 +102,7 @@ Flash plan(const AttentionDims& d, DType dt, std::span<const int32_t> doc_start_
   f.Pk_n = round_up(f.Pk, uk.nr), f.Pv_n = round_up(f.Pv, uk.nr);
   f.T_k = round_up(f.T, uk.k_step);
   f.scale = float(1.0 / std::sqrt(double(f.Pk)));
-  f.doc_start_BT = doc_start_BT;
+  f.opt = opt;
   return f;
 }
 
@@ -281,8 +282,10 @@ void flash_forward(const Flash& f, Tensor& out, Tensor& lse_BTH, const Tensor& q
       pack_a_rows(f, {qs + f.q_at(b, i0, h), f.Hq * f.Pk, 1, f.dt}, qrows, f.Pk_k, f.Pk,
                   qa.bytes());
       o.zero();
-      std::fill(m.begin(), m.end(), -INFINITY);
-      std::fill(l.begin(), l.end(), 0.f);
+      // The sink as a key already seen: exp(sink - m) = 1 in the sum.
+      const float sink = sink_logit<float>(f.opt, h);
+      std::fill(m.begin(), m.end(), sink);
+      std::fill(l.begin(), l.end(), f.opt.sinks_H ? 1.f : 0.f);
       for (int64_t kb = f.lo(b, i0) / f.blk; kb <= qb; ++kb) {
         const Pair pr{b, i0, qrows, kb * f.blk, std::min(f.blk, f.T - kb * f.blk)};
         gemm_tiles(f, f.Pk_k, qa.bytes(), m_panels, kt + pr.j0 / uk.nr * f.b_bytes(f.Pk_k),
@@ -336,7 +339,7 @@ void probs_and_grads(const Flash& f, const float* s_r, const float* dp_r, int64_
 template <class T>
 void flash_backward(const Flash& f, Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                     const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                    const Tensor& lse_BTH, bool accumulate) {
+                    const Tensor& lse_BTH, bool accumulate, Tensor* dsinks_H) {
   const gemm::Microkernel& uk = *f.uk;
   const int64_t BK = f.B * f.Hkv, nb = f.blocks(), m_max = f.rows / uk.mr;
   const int64_t kt_bytes = whole_b_bytes(f, f.Pk, f.T), vt_bytes = whole_b_bytes(f, f.Pv, f.T);
@@ -360,6 +363,8 @@ void flash_backward(const Flash& f, Tensor& dq, Tensor& dk, Tensor& dv, const Te
   Tensor part_v = Tensor::empty({f.B * f.Hq * f.T * f.Pv}, DType::f32, MemTag::activations);
   const float* lses = lse_BTH.data<float>();
   T* dqs = dq.data<T>();
+  // Each (b, h)'s share of dsink_h, added over b below.
+  std::vector<float> dsink_BH(dsinks_H ? size_t(f.B * f.Hq) : 0);
   const int64_t qa_bytes = m_max * f.a_bytes(f.Pk_k), da_bytes = m_max * f.a_bytes(f.Pv_k);
   parallel_for(f.B * f.Hq, 1, [&](int64_t t0, int64_t t1) {
     if (uk.thread_begin) uk.thread_begin();
@@ -393,6 +398,13 @@ void flash_backward(const Flash& f, Tensor& dq, Tensor& dk, Tensor& dv, const Te
         }
         D[size_t(i)] = sum;
         lse[size_t(i)] = lses[(b * f.T + i) * f.Hq + h];
+      }
+      if (dsinks_H) {
+        // The sink column's ds = -p_sink D (it carries no value: dp = 0).
+        const float sink = sink_logit<float>(f.opt, h);
+        float sum = 0;
+        for (int64_t i = 0; i < f.T; ++i) sum -= std::exp(sink - lse[size_t(i)]) * D[size_t(i)];
+        dsink_BH[size_t(t)] = sum;
       }
       gq.zero();
       for (int64_t kb = 0; kb < nb; ++kb) {
@@ -447,6 +459,12 @@ void flash_backward(const Flash& f, Tensor& dq, Tensor& dk, Tensor& dv, const Te
     }
     if (uk.thread_end) uk.thread_end();
   });
+  if (dsinks_H) {
+    float* ds = dsinks_H->data<float>();
+    for (int64_t h = 0; h < f.Hq; ++h) {
+      for (int64_t b = 0; b < f.B; ++b) ds[h] += dsink_BH[size_t(b * f.Hq + h)];
+    }
+  }
   // dK, dV of each kv head: its query heads' partial sums in head order.
   T *dks = dk.data<T>(), *dvs = dv.data<T>();
   const float *pks = part_k.data<float>(), *pvs = part_v.data<float>();
@@ -488,20 +506,15 @@ size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t Hq, int64_
 }
 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                       const Tensor& v) {
-  attention_forward_docs(out, lse_BTH, q, k, v, {});
-}
-
-void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                            const Tensor& v, std::span<const int32_t> doc_start_BT) {
+                       const Tensor& v, const AttentionOptions& opt) {
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   check_elementwise(out, "out", q, "q", "attention_forward");
-  check_doc_starts(doc_start_BT, d.B, d.T, "attention_forward");
+  check_attention_options(opt, d, q.dtype(), "attention_forward");
   if (q.dtype() == DType::f64 || cpu_isa() == CpuIsa::onednn) {
-    attention_rows_forward(out, lse_BTH, q, k, v, doc_start_BT);
+    attention_rows_forward(out, lse_BTH, q, k, v, opt);
     return;
   }
-  const Flash f = plan(d, q.dtype(), doc_start_BT);
+  const Flash f = plan(d, q.dtype(), opt);
   visit_dtype(q.dtype(), [&]<class T>() {
     if constexpr (!std::is_same_v<T, double>) flash_forward<T>(f, out, lse_BTH, q, k, v);
   });
@@ -509,29 +522,23 @@ void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
 
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse_BTH,
-                        bool accumulate) {
-  attention_backward_docs(dq, dk, dv, dout, q, k, v, out, lse_BTH, {}, accumulate);
-}
-
-void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
-                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
-                             bool accumulate) {
+                        const AttentionOptions& opt, bool accumulate, Tensor* dsinks_H) {
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
-  check_doc_starts(doc_start_BT, d.B, d.T, "attention_backward");
+  check_attention_options(opt, d, q.dtype(), "attention_backward");
+  check_dsinks(dsinks_H, opt, d, q.dtype(), "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
   check_elementwise(out, "out", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
   check_elementwise(dk, "dk", k, "k", "attention_backward");
   check_elementwise(dv, "dv", v, "v", "attention_backward");
   if (q.dtype() == DType::f64 || cpu_isa() == CpuIsa::onednn) {
-    attention_rows_backward(dq, dk, dv, dout, q, k, v, lse_BTH, doc_start_BT, accumulate);
+    attention_rows_backward(dq, dk, dv, dout, q, k, v, lse_BTH, opt, accumulate, dsinks_H);
     return;
   }
-  const Flash f = plan(d, q.dtype(), doc_start_BT);
+  const Flash f = plan(d, q.dtype(), opt);
   visit_dtype(q.dtype(), [&]<class T>() {
     if constexpr (!std::is_same_v<T, double>) {
-      flash_backward<T>(f, dq, dk, dv, dout, q, k, v, out, lse_BTH, accumulate);
+      flash_backward<T>(f, dq, dk, dv, dout, q, k, v, out, lse_BTH, accumulate, dsinks_H);
     }
   });
 }

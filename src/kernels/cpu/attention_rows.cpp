@@ -22,7 +22,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../attention_docs.h"
+#include "../attention_options.h"
 #include "../nn_common.h"
 #include "tiermoe/core/parallel.h"
 
@@ -88,10 +88,10 @@ inline void to_scores(acc_t<T>* s, int64_t n, acc_t<T> scale) {
 
 }  // namespace
 
-// With packed documents a query row's scores run over keys [j0, i], its
-// document's; scratch index j - j0 holds key j.
+// A query row's scores run over the keys it sees, [j0, i]; scratch index
+// j - j0 holds key j. The sink joins the max, and the sum last, as in ref::.
 void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                            const Tensor& v, std::span<const int32_t> doc_start_BT) {
+                            const Tensor& v, const AttentionOptions& opt) {
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
@@ -113,16 +113,19 @@ void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
         for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
           int64_t at = (b * Tn + i) * d.Hq + h;
           for (int64_t c = 0; c < P; ++c) qi[size_t(c)] = load(qs[at * P + c]);
-          const int64_t j0 = first_key(doc_start_BT, b, Tn, i), n = i + 1 - j0;
+          const int64_t j0 = first_key(opt, b, Tn, i), n = i + 1 - j0;
           dot_run(s.data(), qi.data(), kTh, P, Tn, j0, i + 1);
           to_scores<T>(s.data(), n, scale);
+          const A sink = sink_logit<A>(opt, h);
           A m = -INFINITY;
           for (int64_t j = 0; j < n; ++j) m = std::max(m, s[size_t(j)]);
+          m = std::max(m, sink);
           A sum = 0;
           for (int64_t j = 0; j < n; ++j) {
             s[size_t(j)] = std::exp(s[size_t(j)] - m);
             sum += s[size_t(j)];
           }
+          sum += std::exp(sink - m);
           lses[at] = m + std::log(sum);
           std::fill(o.begin(), o.end(), A(0));
           for (int64_t j = 0; j < n; ++j) {
@@ -137,8 +140,8 @@ void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
 
 void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
-                             bool accumulate) {
+                             const Tensor& lse_BTH, const AttentionOptions& opt, bool accumulate,
+                             Tensor* dsinks_H) {
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
@@ -172,7 +175,7 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
           const A* qi = qp.data() + (bh * Tn + i) * P;
           const A* doi = dop.data() + (bh * Tn + i) * P;
           A lse_i = lse[size_t(bh * Tn + i)];
-          const int64_t j0 = first_key(doc_start_BT, b, Tn, i), n = i + 1 - j0;
+          const int64_t j0 = first_key(opt, b, Tn, i), n = i + 1 - j0;
           dot_run(p.data(), qi, kTh, P, Tn, j0, i + 1);
           to_scores<T>(p.data(), n, scale);
           dot_run(dp.data(), doi, vTh, P, Tn, j0, i + 1);
@@ -192,6 +195,20 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
         }
       }
     });
+    // dsink_h = -sum over (b, i) of p_sink D, in (b, i) order.
+    if (dsinks_H) {
+      for (int64_t h = 0; h < d.Hq; ++h) {
+        const A sink = sink_logit<A>(opt, h);
+        A sum = 0;
+        for (int64_t b = 0; b < d.B; ++b) {
+          for (int64_t t = 0; t < Tn; ++t) {
+            const size_t at = size_t((b * d.Hq + h) * Tn + t);
+            sum -= std::exp(sink - lse[at]) * D[at];
+          }
+        }
+        dsinks_H->data<A>()[h] += sum;
+      }
+    }
 
     // Pass 2: dk and dv, a block of keys against every query row that sees it.
     T* dks = dk.data<T>();
@@ -210,9 +227,9 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
         for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
           int64_t bh = b * d.Hq + h;
           for (int64_t i = j0; i < Tn; ++i) {
-            // Document starts never decrease along a row: once a query's
-            // document begins after this key block, so do all later ones'.
-            const int64_t first = first_key(doc_start_BT, b, Tn, i);
+            // First keys never decrease along a row: once a query's begins
+            // after this key block, so do all later ones'.
+            const int64_t first = first_key(opt, b, Tn, i);
             if (first >= j1) break;
             const A* qi = qp.data() + (bh * Tn + i) * P;
             const A* doi = dop.data() + (bh * Tn + i) * P;

@@ -5,14 +5,15 @@
 #include <span>
 
 #include "tiermoe/core/tensor.h"
+#include "tiermoe/kernels/attention.h"
 
 namespace tiermoe::cpu {
 
 void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                            const Tensor& v, std::span<const int32_t> doc_start_BT);
+                            const Tensor& v, const AttentionOptions& opt);
 void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
                              const Tensor& q, const Tensor& k, const Tensor& v,
-                             const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
-                             bool accumulate);
+                             const Tensor& lse_BTH, const AttentionOptions& opt, bool accumulate,
+                             Tensor* dsinks_H);
 
 }  // namespace tiermoe::cpu

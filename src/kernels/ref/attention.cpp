@@ -4,7 +4,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../attention_docs.h"
+#include "../attention_options.h"
 #include "../nn_common.h"
 
 namespace tiermoe::ref {
@@ -13,9 +13,10 @@ using namespace nn_detail;
 
 namespace {
 
-// Scores of query row (b, i, h) against keys j0..i (j0: its document's first
-// token), rounded as HF's eager code rounds them, with the row max and the
-// sum of exp(s - max). s[j] for j < j0 is unused.
+// Scores of query row (b, i, h) against keys j0..i (j0: its first visible
+// key), rounded as HF's eager code rounds them, with the row max and the sum
+// of exp(s - max), both over the head's sink logit too (the sink added last).
+// s[j] for j < j0 is unused.
 template <class T>
 struct ScoreRow {
   std::vector<acc_t<T>> s;
@@ -24,7 +25,7 @@ struct ScoreRow {
 
 template <class T>
 ScoreRow<T> score_row(const Tensor& q, const Tensor& k, const AttentionDims& d, int64_t b,
-                      int64_t i, int64_t h, int64_t j0) {
+                      int64_t i, int64_t h, int64_t j0, acc_t<T> sink) {
   using A = acc_t<T>;
   const A scale = A(1.0 / std::sqrt(double(d.P)));
   const T* qi = q.data<T>() + ((b * d.T + i) * d.Hq + h) * d.P;
@@ -36,30 +37,27 @@ ScoreRow<T> score_row(const Tensor& q, const Tensor& k, const AttentionDims& d, 
     row.s[size_t(j)] = round_to<T>(round_to<T>(dot) * scale);
     row.max = std::max(row.max, row.s[size_t(j)]);
   }
+  row.max = std::max(row.max, sink);
   for (int64_t j = j0; j <= i; ++j) row.sum += std::exp(row.s[size_t(j)] - row.max);
+  row.sum += std::exp(sink - row.max);
   return row;
 }
 
 }  // namespace
 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                       const Tensor& v) {
-  attention_forward_docs(out, lse_BTH, q, k, v, {});
-}
-
-void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
-                            const Tensor& v, std::span<const int32_t> doc_start_BT) {
+                       const Tensor& v, const AttentionOptions& opt) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   check_elementwise(out, "out", q, "q", "attention_forward");
-  check_doc_starts(doc_start_BT, d.B, d.T, "attention_forward");
+  check_attention_options(opt, d, q.dtype(), "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     std::vector<A> o(static_cast<size_t>(d.P));
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t i = 0; i < d.T; ++i) {
         for (int64_t h = 0; h < d.Hq; ++h) {
-          const int64_t j0 = first_key(doc_start_BT, b, d.T, i);
-          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0);
+          const int64_t j0 = first_key(opt, b, d.T, i);
+          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0, sink_logit<A>(opt, h));
           lse_BTH.data<A>()[(b * d.T + i) * d.Hq + h] = row.max + std::log(row.sum);
           std::fill(o.begin(), o.end(), A(0));
           for (int64_t j = j0; j <= i; ++j) {
@@ -76,20 +74,14 @@ void attention_forward_docs(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
 }
 
 // Recomputes each probability row from q and k (ref:: reads neither lse nor
-// out: D_i is summed from p and dp), accumulates all three gradients in the
+// out: D_i is summed from p and dp), accumulates all the gradients in the
 // math dtype, then rounds once.
 void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, const Tensor& q,
                         const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse_BTH,
-                        bool accumulate) {
-  attention_backward_docs(dq, dk, dv, dout, q, k, v, out, lse_BTH, {}, accumulate);
-}
-
-void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout,
-                             const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                             const Tensor& lse_BTH, std::span<const int32_t> doc_start_BT,
-                             bool accumulate) {
+                        const AttentionOptions& opt, bool accumulate, Tensor* dsinks_H) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
-  check_doc_starts(doc_start_BT, d.B, d.T, "attention_backward");
+  check_attention_options(opt, d, q.dtype(), "attention_backward");
+  check_dsinks(dsinks_H, opt, d, q.dtype(), "attention_backward");
   check_elementwise(dout, "dout", q, "q", "attention_backward");
   check_elementwise(out, "out", q, "q", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
@@ -99,12 +91,13 @@ void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
     using A = acc_t<T>;
     const A scale = A(1.0 / std::sqrt(double(d.P)));
     std::vector<A> gq(size_t(q.numel()), A(0)), gk(size_t(k.numel()), A(0)),
-        gv(size_t(v.numel()), A(0));
+        gv(size_t(v.numel()), A(0)), gsink(size_t(d.Hq), A(0));
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t i = 0; i < d.T; ++i) {
         for (int64_t h = 0; h < d.Hq; ++h) {
-          const int64_t j0 = first_key(doc_start_BT, b, d.T, i);
-          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0);
+          const int64_t j0 = first_key(opt, b, d.T, i);
+          const A sink = sink_logit<A>(opt, h);
+          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0, sink);
           int64_t qi_at = ((b * d.T + i) * d.Hq + h) * d.P;
           const T* qi = q.data<T>() + qi_at;
           const T* doi = dout.data<T>() + qi_at;
@@ -118,6 +111,8 @@ void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
             dp[size_t(j)] = dot;
             sum_p_dp += p[size_t(j)] * dot;
           }
+          // The sink column: dp = 0 (no value), so ds_sink = -p_sink D.
+          gsink[size_t(h)] -= std::exp(sink - row.max) / row.sum * sum_p_dp;
           for (int64_t j = j0; j <= i; ++j) {
             int64_t kj_at = ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
             const T* kj = k.data<T>() + kj_at;
@@ -135,6 +130,9 @@ void attention_backward_docs(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
     for (int64_t n = 0; n < q.numel(); ++n) put(dq.data<T>()[n], gq[size_t(n)], accumulate);
     for (int64_t n = 0; n < k.numel(); ++n) put(dk.data<T>()[n], gk[size_t(n)], accumulate);
     for (int64_t n = 0; n < v.numel(); ++n) put(dv.data<T>()[n], gv[size_t(n)], accumulate);
+    if (dsinks_H) {
+      for (int64_t h = 0; h < d.Hq; ++h) dsinks_H->data<A>()[h] += gsink[size_t(h)];
+    }
   });
 }
 
