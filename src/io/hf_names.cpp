@@ -40,6 +40,7 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
     add("self_attn.v_proj.bias", {Hkv * P}, HfRole::bias);
   }
   if (c.attention_bias) add("self_attn.o_proj.bias", {D}, HfRole::bias);
+  if (c.gpt_oss()) add("self_attn.sinks", {H}, HfRole::sink);
   switch (c.qk_norm()) {
     case QkNorm::none: break;
     case QkNorm::per_head:  // one [P] weight shared by every head
@@ -60,9 +61,18 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
     add("mlp.down_proj.weight", {D, I}, HfRole::dense_mlp);
     return;
   }
+  const int64_t F = c.moe_intermediate_size;
+  if (c.gpt_oss()) {  // the router's bias is drawn like its weight (GptOssPreTrainedModel)
+    add("mlp.router.weight", {c.num_experts, D}, HfRole::router);
+    add("mlp.router.bias", {c.num_experts}, HfRole::router);
+    add("mlp.experts.gate_up_proj", {c.num_experts, D, 2 * F}, HfRole::expert);
+    add("mlp.experts.gate_up_proj_bias", {c.num_experts, 2 * F}, HfRole::bias);
+    add("mlp.experts.down_proj", {c.num_experts, F, D}, HfRole::expert);
+    add("mlp.experts.down_proj_bias", {c.num_experts, D}, HfRole::bias);
+    return;
+  }
   const MoeNames m = moe_names(c.family);
   const std::string block(m.block);
-  const int64_t F = c.moe_intermediate_size;
   add(block + ".gate.weight", {c.num_experts, D}, HfRole::router);
   // Selects experts only: never trained, initialised to zero like a bias.
   if (c.sigmoid_router())
@@ -124,7 +134,7 @@ std::vector<HfTensor> hf_checkpoint_tensors(
   for (HfTensor& t : hf_tensors(c)) {
     const std::string p = "model.layers." + std::to_string(t.layer) + ".";
     const std::string fused = p + "mlp.experts.";
-    if (t.role == HfRole::expert &&
+    if (t.role == HfRole::expert && !c.gpt_oss() &&
         (stored(fused + "gate_up_proj") || stored(fused + "down_proj"))) {
       if (fused_layer != t.layer) {
         out.push_back({fused + "gate_up_proj", {E, 2 * F, D}, HfRole::expert, t.layer});

@@ -19,6 +19,7 @@ using detail::str_of;
 
 // The release that introduced Qwen3-MoE; every field written here exists there.
 constexpr const char* kTransformersVersion = "4.51.0";
+constexpr const char* kGptOssTransformersVersion = "4.55.0";  // gpt-oss's first release
 
 }  // namespace
 
@@ -38,8 +39,15 @@ std::string_view family_name(ModelFamily family) {
     case ModelFamily::olmoe: return "olmoe";
     case ModelFamily::qwen2_moe: return "qwen2_moe";
     case ModelFamily::glm4_moe: return "glm4_moe";
+    case ModelFamily::gpt_oss: return "gpt_oss";
   }
   __builtin_unreachable();
+}
+
+int64_t ModelConfig::attention_window(int64_t layer) const {
+  const bool sliding = layer >= 0 && size_t(layer) < layer_types.size() &&
+                       layer_types[size_t(layer)] == "sliding_attention";
+  return sliding ? sliding_window.value_or(0) : 0;
 }
 
 bool ModelConfig::is_moe_layer(int64_t layer) const {
@@ -75,6 +83,7 @@ QkNorm ModelConfig::qk_norm() const {
     case ModelFamily::olmoe: return QkNorm::whole;
     case ModelFamily::qwen2_moe: return QkNorm::none;
     case ModelFamily::glm4_moe: return use_qk_norm ? QkNorm::per_head : QkNorm::none;
+    case ModelFamily::gpt_oss: return QkNorm::none;
   }
   __builtin_unreachable();
 }
@@ -114,9 +123,9 @@ void ModelConfig::validate(const std::string& where) const {
   positive("num_attention_heads", num_attention_heads);
   positive("num_key_value_heads", num_key_value_heads);
   positive("head_dim", head_dim);
-  positive(family == ModelFamily::mixtral    ? "num_local_experts"
-           : family == ModelFamily::glm4_moe ? "n_routed_experts"
-                                             : "num_experts",
+  positive(family == ModelFamily::mixtral || gpt_oss() ? "num_local_experts"
+           : family == ModelFamily::glm4_moe           ? "n_routed_experts"
+                                                       : "num_experts",
            num_experts);
   positive("num_experts_per_tok", num_experts_per_tok);
   positive("decoder_sparse_step", decoder_sparse_step);
@@ -126,9 +135,9 @@ void ModelConfig::validate(const std::string& where) const {
                        "TierMoE's 32-bit token ids can name"),
                 where, "published vocabularies have under a million tokens; fix the value");
   // Bounded before anything loops over layers or lists per-expert tensors.
-  const char* experts_field = family == ModelFamily::mixtral    ? "num_local_experts"
-                              : family == ModelFamily::glm4_moe ? "n_routed_experts"
-                                                                : "num_experts";
+  const char* experts_field = family == ModelFamily::mixtral || gpt_oss() ? "num_local_experts"
+                              : family == ModelFamily::glm4_moe           ? "n_routed_experts"
+                                                                          : "num_experts";
   TIERMOE_CHECK(num_hidden_layers <= kMaxLayers,
                 str_of("config field 'num_hidden_layers' is ", num_hidden_layers,
                        ", more than the ", kMaxLayers, " layers TierMoE accepts"),
@@ -228,6 +237,24 @@ void ModelConfig::validate(const std::string& where) const {
         "n_group must divide n_routed_experts into groups of 2 or more, topk_group "
         "<= n_group, and num_experts_per_tok fit in topk_group groups");
   }
+  if (gpt_oss()) {
+    TIERMOE_CHECK(int64_t(layer_types.size()) == num_hidden_layers,
+                  str_of("config field 'layer_types' lists ", layer_types.size(), " layers of ",
+                         num_hidden_layers),
+                  where, "one entry per decoder layer, or none for gpt-oss's alternation");
+    for (const std::string& kind : layer_types) {
+      TIERMOE_CHECK(kind == "sliding_attention" || kind == "full_attention",
+                    str_of("config field 'layer_types' holds '", kind, "'"), where,
+                    "gpt-oss layers are \"sliding_attention\" or \"full_attention\"");
+      TIERMOE_CHECK(kind == "full_attention" || sliding_window.value_or(0) > 0,
+                    str_of("sliding_attention layers with sliding_window ",
+                           sliding_window ? std::to_string(*sliding_window) : "null"),
+                    where, "set sliding_window to the window's length in tokens (gpt-oss: 128)");
+    }
+    TIERMOE_CHECK(swiglu_limit > 0 && swiglu_alpha > 0,
+                  str_of("swiglu_alpha ", swiglu_alpha, ", swiglu_limit ", swiglu_limit), where,
+                  "gpt-oss uses swiglu_alpha 1.702 and swiglu_limit 7.0 (both positive)");
+  }
   param_counts(*this, where);  // throws when a count overflows 64 bits
 }
 
@@ -265,7 +292,7 @@ std::string ModelConfig::to_json() const {
   j["initializer_range"] = initializer_range;
   j["attention_dropout"] = attention_dropout;
   j["torch_dtype"] = torch_dtype;
-  j["transformers_version"] = kTransformersVersion;
+  j["transformers_version"] = gpt_oss() ? kGptOssTransformersVersion : kTransformersVersion;
   j["use_cache"] = true;
   j["bos_token_id"] = opt(bos_token_id);
   if (eos_token_id.size() == 1) j["eos_token_id"] = eos_token_id[0];
@@ -336,6 +363,17 @@ std::string ModelConfig::to_json() const {
       j["partial_rotary_factor"] = partial_rotary_factor;
       j["num_nextn_predict_layers"] = num_nextn_predict_layers;
       break;
+    case ModelFamily::gpt_oss:
+      j["architectures"] = {"GptOssForCausalLM"};
+      j["intermediate_size"] = moe_intermediate_size;
+      j["head_dim"] = head_dim;
+      j["num_local_experts"] = num_experts;
+      j["sliding_window"] = opt(sliding_window);
+      j["layer_types"] = layer_types;
+      j["attention_bias"] = attention_bias;
+      j["swiglu_alpha"] = swiglu_alpha;
+      j["swiglu_limit"] = swiglu_limit;
+      break;
   }
   return j.dump(2) + "\n";
 }
@@ -359,10 +397,13 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
   ParamCounts n;
   n.embedding = mul({c.vocab_size, D});
   n.per_expert = mul({3, D, c.moe_intermediate_size});
+  // gpt-oss's experts carry a bias on each projection: 2F + D.
+  if (c.gpt_oss()) n.per_expert = add({n.per_expert, mul({2, c.moe_intermediate_size}), D});
 
   int64_t attention = add({mul({D, H, P}), mul({2, D, Hkv, P}), mul({H, P, D})});  // q, k, v, o
   if (c.q_k_v_bias()) attention = add({attention, mul({H, P}), mul({2, Hkv, P})});
   if (c.attention_bias) attention = add({attention, D});
+  if (c.gpt_oss()) attention = add({attention, H});  // a sink logit per head
   switch (c.qk_norm()) {
     case QkNorm::none: break;
     case QkNorm::per_head: attention = add({attention, mul({2, P})}); break;
@@ -373,14 +414,13 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
   const int64_t dense_layers = c.num_hidden_layers - moe_layers;
 
   n.experts = mul({moe_layers, E, n.per_expert});
-  // A gated shared expert: its gate, up and down projections and its [1, D] gate.
   // A shared expert's gate, up and down projections, and Qwen2-MoE's [1, D] gate.
   const int64_t shared =
       c.has_shared_expert()
           ? add({mul({3, D, c.shared_expert_intermediate_size}), c.shared_expert_gated() ? D : 0})
           : 0;
-  // The sigmoid router's e_score_correction_bias, [E] per MoE layer.
-  const int64_t router_bias = c.sigmoid_router() ? E : 0;
+  // The sigmoid router's e_score_correction_bias or gpt-oss's router bias, [E] per MoE layer.
+  const int64_t router_bias = c.sigmoid_router() || c.gpt_oss() ? E : 0;
   n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
                  mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
                  n.experts, mul({moe_layers, shared}), mul({moe_layers, router_bias}),

@@ -1,5 +1,6 @@
 // Reading config.json: the per-family field names and transformers' class
 // defaults, strictly (model_config.h says what is refused).
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,7 +17,8 @@ namespace {
 using Json = nlohmann::json;
 using detail::str_of;
 
-constexpr std::string_view kSupportedTypes = "qwen3_moe, qwen2_moe, glm4_moe, mixtral, olmoe";
+constexpr std::string_view kSupportedTypes =
+    "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, mixtral, olmoe";
 
 // Reads typed fields of one config.json, naming the file and field on error.
 // A JSON null counts as absent, as it does for transformers' optional fields.
@@ -120,6 +122,7 @@ ModelFamily parse_family(const std::string& type, const std::string& path) {
   if (type == "olmoe") return ModelFamily::olmoe;
   if (type == "qwen2_moe") return ModelFamily::qwen2_moe;
   if (type == "glm4_moe") return ModelFamily::glm4_moe;
+  if (type == "gpt_oss") return ModelFamily::gpt_oss;
   throw Error(str_of("unsupported model_type '", type, "'"), path,
               str_of("TierMoE supports model_type ", kSupportedTypes));
 }
@@ -384,6 +387,50 @@ void parse_glm4_moe(const FieldReader& f, ModelConfig& c) {
   c.pad_token_id = token_id(f, "pad_token_id", std::nullopt);
 }
 
+// GptOssConfig: every layer MoE (intermediate_size is the expert width),
+// alternating sliding and full attention, q/k/v/o bias, YaRN RoPE by default.
+void parse_gpt_oss(const FieldReader& f, ModelConfig& c) {
+  c.vocab_size = f.get_int("vocab_size", 201088);
+  c.hidden_size = f.get_int("hidden_size", 2880);
+  c.moe_intermediate_size = f.get_int("intermediate_size", 2880);
+  c.intermediate_size = c.moe_intermediate_size;
+  c.num_hidden_layers = f.get_int("num_hidden_layers", 36);
+  c.num_attention_heads = f.get_int("num_attention_heads", 64);
+  c.max_position_embeddings = f.get_int("max_position_embeddings", 131072);
+  parse_common(f, c, 8);
+  // GptOssConfig's head_dim defaults to 64 (not D / H: 2880 / 64 is 45); null means D / H.
+  if (f.present("head_dim"))
+    parse_head_dim(f, c, true);
+  else
+    c.head_dim = 64;
+  c.num_experts = expert_count(f, "num_local_experts", "num_experts", 128);
+  c.num_experts_per_tok = f.get_int("num_experts_per_tok", 4);
+  c.norm_topk_prob = false;  // the router softmaxes over the K chosen logits
+  if (!f.has("rope_scaling") && !f.has("rope_parameters")) {
+    // GptOssConfig's default: YaRN, factor 32 over 4096 positions, no truncation.
+    c.rope_scaling.kind = RopeScaling::Kind::yarn;
+    c.rope_scaling.factor = 32.0;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.truncate = false;
+  }
+  parse_rope(f, c, 150000.0);
+  c.rms_norm_eps = f.get_double("rms_norm_eps", 1e-5);
+  c.router_aux_loss_coef = f.get_double("router_aux_loss_coef", 0.001);
+  c.attention_bias = f.get_bool("attention_bias", true);
+  c.sliding_window = f.present("sliding_window") ? f.opt_int("sliding_window") : 128;
+  c.layer_types = f.string_list("layer_types");
+  if (!f.has("layer_types")) {  // transformers: sliding on even layers, full on odd ones
+    for (int64_t l = 0; l < std::min(c.num_hidden_layers, ModelConfig::kMaxLayers); ++l) {
+      c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+  }
+  c.swiglu_alpha = f.get_double("swiglu_alpha", 1.702);
+  c.swiglu_limit = f.get_double("swiglu_limit", 7.0);
+  c.bos_token_id = token_id(f, "bos_token_id", std::nullopt);
+  c.eos_token_id = f.int_or_int_list("eos_token_id");
+  c.pad_token_id = token_id(f, "pad_token_id", std::nullopt);
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& path) {
@@ -409,6 +456,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
     case ModelFamily::olmoe: parse_olmoe(f, c); break;
     case ModelFamily::qwen2_moe: parse_qwen2_moe(f, c); break;
     case ModelFamily::glm4_moe: parse_glm4_moe(f, c); break;
+    case ModelFamily::gpt_oss: parse_gpt_oss(f, c); break;
   }
   c.validate(path);
   return c;

@@ -12,8 +12,8 @@ namespace tiermoe {
 using detail::str_of;
 
 std::vector<std::string> preset_names() {
-  return {"tiny",          "tiny-qwen2-moe", "tiny-glm4-moe", "small",
-          "qwen3-30b-a3b", "qwen2-57b-a14b", "glm-4.5-air"};
+  return {"tiny",          "tiny-qwen2-moe", "tiny-glm4-moe", "tiny-gpt-oss", "small",
+          "qwen3-30b-a3b", "qwen2-57b-a14b", "glm-4.5-air",   "gpt-oss-20b"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -21,7 +21,8 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.norm_topk_prob = true;
   c.tie_word_embeddings = false;
   c.rms_norm_eps = 1e-6;
-  if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe") {
+  if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe" ||
+      name == "tiny-gpt-oss") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -53,6 +54,47 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
       c.routed_scaling_factor = 2.5;
       c.rms_norm_eps = 1e-5;
     }
+    if (name == "tiny-gpt-oss") {  // gpt-oss's pieces at tiny's shapes, a window of 16
+      c.family = ModelFamily::gpt_oss;
+      c.model_type = "gpt_oss";
+      c.norm_topk_prob = false;
+      c.attention_bias = true;
+      c.sliding_window = 16;
+      c.rope_theta = 150000;
+      c.rope_scaling = {.kind = RopeScaling::Kind::yarn,
+                        .factor = 4.0,
+                        .original_max_position_embeddings = 128,
+                        .truncate = false};
+      c.rms_norm_eps = 1e-5;
+    }
+  } else if (name == "gpt-oss-20b") {
+    // openai/gpt-oss-20b's config.json as published (its experts there are
+    // MXFP4; this preset's checkpoint stores them at the run's dtype).
+    c.family = ModelFamily::gpt_oss;
+    c.model_type = "gpt_oss";
+    c.vocab_size = 201088;
+    c.hidden_size = 2880;
+    c.intermediate_size = 2880;
+    c.moe_intermediate_size = 2880;
+    c.num_hidden_layers = 24;
+    c.num_attention_heads = 64;
+    c.num_key_value_heads = 8;
+    c.head_dim = 64;
+    c.num_experts = 32;
+    c.num_experts_per_tok = 4;
+    c.norm_topk_prob = false;
+    c.attention_bias = true;
+    c.sliding_window = 128;
+    c.rope_theta = 150000;
+    c.rope_scaling = {.kind = RopeScaling::Kind::yarn,
+                      .factor = 32.0,
+                      .original_max_position_embeddings = 4096,
+                      .truncate = false};
+    c.rms_norm_eps = 1e-5;
+    c.router_aux_loss_coef = 0.9;
+    c.max_position_embeddings = 131072;
+    c.pad_token_id = 199999;
+    c.eos_token_id = {200002};
   } else if (name == "small") {
     c.vocab_size = 4096;
     c.hidden_size = 256;
@@ -147,6 +189,12 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.num_hidden_layers = *layers;
   }
   c.max_window_layers = c.num_hidden_layers;
+  if (c.gpt_oss()) {  // transformers' alternation: sliding on even layers
+    c.layer_types.clear();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+  }
   c.validate(str_of("preset ", name));
   return c;
 }

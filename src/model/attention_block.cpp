@@ -35,13 +35,15 @@ RopeTables RopeTables::make(int64_t B, int64_t T, const RopeFrequencies& freqs, 
   return r;
 }
 
-AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute, MatrixAlloc alloc)
+AttentionBlock::AttentionBlock(const ModelConfig& c, int64_t layer, DType compute,
+                               MatrixAlloc alloc)
     : qk_norm_(c.qk_norm()),
       compute_(compute),
       H_(c.num_attention_heads),
       Hkv_(c.num_key_value_heads),
       P_(c.head_dim),
-      eps_(c.rms_norm_eps) {
+      eps_(c.rms_norm_eps),
+      window_(c.attention_window(layer)) {
   const int64_t D = c.hidden_size;
   q_proj_ = Linear::zeros(H_ * P_, D, c.q_k_v_bias(), compute, alloc);
   k_proj_ = Linear::zeros(Hkv_ * P_, D, c.q_k_v_bias(), compute, alloc);
@@ -54,6 +56,7 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, DType compute, MatrixAlloc 
     q_norm_ = Weight::zeros({H_ * P_}, compute);
     k_norm_ = Weight::zeros({Hkv_ * P_}, compute);
   }
+  if (c.gpt_oss()) sinks_ = Weight::zeros({H_}, compute);
 }
 
 std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
@@ -71,6 +74,7 @@ std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
     out.push_back({"q_norm.weight", &q_norm_});
     out.push_back({"k_norm.weight", &k_norm_});
   }
+  if (sinks_.value.defined()) out.push_back({"sinks", &sinks_});
   return out;
 }
 
@@ -119,6 +123,12 @@ Tensor norm_rows(const Tensor& t_TX, QkNorm mode, int64_t P) {
 
 }  // namespace
 
+AttentionOptions AttentionBlock::attention_options(const RopeTables& rope) const {
+  return {.doc_start_BT = rope.doc_start_BT,
+          .window = window_,
+          .sinks_H = sinks_.value.defined() ? &sinks_.value : nullptr};
+}
+
 void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& rope,
                              AttentionSaved& saved) const {
   const int64_t B = rope.B, T = rope.T, N = B * T;
@@ -158,8 +168,7 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
   Tensor o = Tensor::empty({B, T, H_, P_}, dt);
   saved.lse_BTH = Tensor::empty({B, T, H_}, acc_dtype_for(dt));
   part.emplace(times_, StepPart::attention);
-  cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v,
-                         {.doc_start_BT = rope.doc_start_BT});
+  cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v, attention_options(rope));
   saved.o_TX = o.view({N, H_ * P_});
   part.emplace(times_, StepPart::projections);
   o_proj_.forward(y_TD, saved.o_TX);
@@ -179,9 +188,10 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
   part.emplace(times_, StepPart::attention);
+  Tensor dsinks = sinks_.value.defined() ? sinks_.grad_sink() : Tensor();
   cpu::attention_backward(dq, dk, dv, do_TX.view({B, T, H_, P_}), saved.q, saved.k, saved.v,
-                          saved.o_TX.view({B, T, H_, P_}), saved.lse_BTH,
-                          {.doc_start_BT = rope.doc_start_BT});
+                          saved.o_TX.view({B, T, H_, P_}), saved.lse_BTH, attention_options(rope),
+                          false, dsinks.defined() ? &dsinks : nullptr);
   part.emplace(times_, StepPart::norms);
   cpu::rope_backward(dq, dq, rope.cos_RP, rope.sin_RP);
   cpu::rope_backward(dk, dk, rope.cos_RP, rope.sin_RP);

@@ -33,6 +33,9 @@ namespace {
 
 std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
   if (!comm || comm->size() == 1) return std::make_unique<LocalDispatcher>();
+  TIERMOE_CHECK(!c.gpt_oss(), "expert parallelism for gpt-oss is not implemented", "--ep",
+                "its experts are fused tensors that every rank would load whole; run gpt-oss on "
+                "one rank");
   TIERMOE_CHECK(c.num_experts > 0 && c.num_experts % comm->size() == 0,
                 str_of("expert parallelism over ", comm->size(),
                        " ranks needs an expert count they divide; the model has ", c.num_experts),
@@ -97,8 +100,9 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     weight(p + "input_layernorm.weight", HfRole::norm, layer->input_layernorm());
     for (auto& [suffix, w] : layer->attention().weights()) {
       HfRole role = suffix.find("_norm") != std::string::npos ? HfRole::norm
-                    : suffix.ends_with(".bias")                ? HfRole::bias
-                                                               : HfRole::attention;
+                    : suffix.ends_with(".bias")               ? HfRole::bias
+                    : suffix == "sinks"                       ? HfRole::sink
+                                                              : HfRole::attention;
       weight(p + "self_attn." + suffix, role, *w);
     }
     weight(p + "post_attention_layernorm.weight", HfRole::norm, layer->post_attention_layernorm());
@@ -107,6 +111,10 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
       continue;
     }
     MoeBlock& moe = *layer->moe();
+    if (config_.gpt_oss()) {
+      gpt_oss_moe_slots(out, p + "mlp.", moe, with_grads);
+      continue;
+    }
     const bool mixtral = config_.family == ModelFamily::mixtral;
     const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
     const bool router_on = moe.router_requires_grad();
@@ -160,6 +168,35 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     if (!s.param.requires_grad) s.param.grad = Tensor();
   }
   return out;
+}
+
+// gpt-oss's MoE block under `block` ("model.layers.0.mlp."): the biased
+// router, and the experts as their four fused tensors (no per-expert names
+// exist; expert parallelism is refused for the family, so all are local).
+void CausalLM::gpt_oss_moe_slots(std::vector<Slot>& out, const std::string& block, MoeBlock& moe,
+                                 bool with_grads) {
+  const bool router_on = moe.router_requires_grad();
+  auto set_router = [&moe](bool on) { moe.set_router_requires_grad(on); };
+  for (const char* name : {"weight", "bias"}) {
+    out.push_back({{block + "router." + name, HfRole::router, moe.router().param(name),
+                    with_grads && router_on ? moe.router().grad(name) : Tensor(), router_on},
+                   set_router});
+  }
+  GroupedExperts& ex = moe.experts();
+  const bool on = moe.experts_requires_grad();
+  auto set_experts = [&moe](bool v) { moe.set_experts_requires_grad(v); };
+  const std::string ep = block + "experts.";
+  const std::pair<const char*, const char*> parts[] = {{"gate_up_proj", "w13"},
+                                                       {"gate_up_proj_bias", "b13"},
+                                                       {"down_proj", "w2"},
+                                                       {"down_proj_bias", "b2"}};
+  for (auto [hf, ours] : parts) {
+    const bool matrix = ours[0] == 'w';
+    ModelParam param{ep + hf, matrix ? HfRole::expert : HfRole::bias, ex.param(ours),
+                     with_grads && on ? ex.grad(ours) : Tensor(), on};
+    param.hf_transposed = matrix;
+    out.push_back({std::move(param), set_experts});
+  }
 }
 
 std::vector<ModelParam> CausalLM::params() {

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "param_slot.h"
+#include "tiermoe/core/parallel.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/kernels/matmul_mixed.h"
 
@@ -36,7 +37,30 @@ struct LoadItem {
   std::string name;
   Tensor dest;
   int64_t row0 = -1;
+  bool transposed = false;  // the file holds dest's last two dims swapped
 };
+
+// x [E, A, B] -> [E, B, A] in x's dtype (gpt-oss's x-major experts).
+Tensor transpose_last2(const Tensor& x, MemTag tag) {
+  const int64_t E = x.size(0), A = x.size(1), Bn = x.size(2);
+  Tensor out = Tensor::empty({E, Bn, A}, x.dtype(), tag);
+  visit_dtype(x.dtype(), [&]<class T>() {
+    const T* src = x.data<T>();
+    T* dst = out.data<T>();
+    parallel_for(E * Bn, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t e = r / Bn, b = r % Bn;
+        for (int64_t a = 0; a < A; ++a) dst[r * A + a] = src[(e * A + a) * Bn + b];
+      }
+    });
+  });
+  return out;
+}
+
+Shape swap_last2(Shape s) {
+  std::swap(s[s.size() - 1], s[s.size() - 2]);
+  return s;
+}
 
 class LoadPlan {
  public:
@@ -56,6 +80,13 @@ class LoadPlan {
     whole[0] = rows;
     check(name, whole);
     items_.push_back({name, dest, row0});
+    used_.insert(name);
+  }
+
+  // A tensor the file stores as dest's transpose (ModelParam::hf_transposed).
+  void add_transposed(const std::string& name, const Tensor& dest) {
+    check(name, swap_last2(dest.shape()));
+    items_.push_back({name, dest, -1, true});
     used_.insert(name);
   }
 
@@ -107,6 +138,7 @@ class LoadPlan {
     for (const LoadItem& it : items_) {
       Tensor dest = it.dest;
       Tensor src = ck_.load(it.name, compute, MemTag::activations);
+      if (it.transposed) src = transpose_last2(src, MemTag::activations);
       dest.copy_from(it.row0 < 0 ? src : src.rows(it.row0, it.row0 + dest.size(0)));
       meter.advance(double(ck_.entry(it.name).nbytes()));
     }
@@ -217,6 +249,14 @@ Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>&
   return out;
 }
 
+// An x-major stacked matrix [E, in, out] as [E, out, in], kept at its
+// stored width when that is no wider than `compute`.
+Tensor transposed_matrix(const CheckpointTensors& ck, const std::string& name, DType compute) {
+  const DType stored = ck.view(name).dtype();
+  const DType dt = is_narrower_or_same(stored, compute) ? stored : compute;
+  return transpose_last2(ck.load(name, dt, MemTag::activations), MemTag::weights);
+}
+
 }  // namespace
 
 namespace {
@@ -283,6 +323,11 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
     const int64_t El = local_experts(), F = config_.moe_intermediate_size;
     const bool mixtral = config_.family == ModelFamily::mixtral;
     const std::string fused = p + "mlp.experts.";
+    if (config_.gpt_oss()) {  // x-major on disk: transposed copies, at the stored width
+      ex.bind_weights(transposed_matrix(ck, fused + "gate_up_proj", c),
+                      transposed_matrix(ck, fused + "down_proj", c));
+      continue;
+    }
     if (ck.contains(fused + "gate_up_proj")) {
       ex.bind_weights(bound_matrix(ck, {fused + "gate_up_proj"}, {El, 2 * F, D}, c, first_expert()),
                       bound_matrix(ck, {fused + "down_proj"}, {El, D, F}, c, first_expert()));
@@ -318,6 +363,12 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
     }
     if (c.has_shared_expert()) {
       count(dense_w13_names(p + "mlp." + std::string(shared_expert_module(c.family)) + "."));
+    }
+    if (c.gpt_oss()) {  // both matrices are transposed copies
+      for (const char* m : {"gate_up_proj", "down_proj"}) {
+        n += shape_numel(ck.entry(fused_experts_prefix(l) + m).shape);
+      }
+      continue;
     }
     if (ck.contains(fused_experts_prefix(l) + "gate_up_proj")) continue;  // one tensor: in place
     for (int64_t e = first_expert; e < first_expert + experts; ++e) {
@@ -355,6 +406,13 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
   std::set<int64_t> fused_layers;
   for (Slot& s : model.slots(/*with_grads=*/false)) {
     const ModelParam& p = s.param;
+    if (p.hf_transposed) {
+      if (mapped)
+        plan.check_only(p.name, swap_last2(p.value.shape()));
+      else
+        plan.add_transposed(p.name, p.value);
+      continue;
+    }
     if (mapped && is_matrix_role(p.role)) {
       // Checked here, bound below (bind_checkpoint_matrices) from the same names.
       const int64_t l = p.role == HfRole::expert ? std::stoll(p.name.substr(13)) : -1;
@@ -417,8 +475,9 @@ NamedTensors CausalLM::checkpoint_tensors(DType storage, bool experts_only) cons
   for (Slot& s : self.slots(/*with_grads=*/false)) {
     if (experts_only && s.param.expert < 0) continue;
     Tensor t = s.param.value;
+    if (t.dtype() != storage) t = t.to(storage, MemTag::activations);
     tensors.emplace_back(s.param.name,
-                         t.dtype() == storage ? t : t.to(storage, MemTag::activations));
+                         s.param.hf_transposed ? transpose_last2(t, MemTag::activations) : t);
   }
   return tensors;
 }

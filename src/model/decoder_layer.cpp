@@ -24,7 +24,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
       eps_(c.rms_norm_eps),
       norm_in_(Weight::zeros({c.hidden_size}, compute)),
       norm_post_(Weight::zeros({c.hidden_size}, compute)),
-      attn_(c, compute, alloc) {
+      attn_(c, layer, compute, alloc) {
   if (c.is_moe_layer(layer)) {
     moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_, alloc);
     if (c.has_shared_expert()) {

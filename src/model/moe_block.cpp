@@ -8,11 +8,13 @@ namespace {
 
 RouterConfig router_config(const ModelConfig& c) {
   RouterConfig r;
-  r.kind = c.sigmoid_router() ? RouterKind::deepseek_v3 : RouterKind::softmax_topk;
+  r.kind = c.sigmoid_router() ? RouterKind::deepseek_v3
+           : c.gpt_oss()      ? RouterKind::gpt_oss
+                              : RouterKind::softmax_topk;
   r.hidden = c.hidden_size;
   r.num_experts = c.num_experts;
   r.top_k = c.num_experts_per_tok;
-  r.norm_topk_prob = c.renormalize_topk();
+  r.norm_topk_prob = c.renormalize_topk() && !c.gpt_oss();
   if (c.sigmoid_router()) {
     r.n_group = c.n_group;
     r.topk_group = c.topk_group;
@@ -28,6 +30,11 @@ ExpertsConfig experts_config(const ModelConfig& c, const Dispatcher& d) {
   e.hidden = c.hidden_size;
   e.ffn = c.moe_intermediate_size;
   e.activation = ExpertActivation::swiglu;
+  if (c.gpt_oss()) {  // the clamped GLU on interleaved gate/up, a bias on both projections
+    e.activation = ExpertActivation::gpt_oss;
+    e.gpt_oss = {c.swiglu_alpha, c.swiglu_limit};
+    e.bias = true;
+  }
   return e;
 }
 
@@ -78,7 +85,7 @@ class MoeBlock::LoraHook final : public ExpertAdapter {
 
 MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
                    std::string name, MatrixAlloc alloc)
-    : router_(router_config(config), compute, name + ".gate"),
+    : router_(router_config(config), compute, name + (config.gpt_oss() ? ".router" : ".gate")),
       experts_(experts_config(config, dispatcher), compute, name + ".experts",
                alloc == MatrixAlloc::unbound),
       first_expert_(experts_.config().num_experts * dispatcher.rank()),

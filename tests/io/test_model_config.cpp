@@ -1,12 +1,12 @@
-#include "tiermoe/io/model_config.h"
-
 #include <gtest/gtest.h>
 
 #include <filesystem>
 #include <fstream>
 
+#include "io/test_safetensors_util.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/hf_names.h"
+#include "tiermoe/io/model_config.h"
 
 namespace tiermoe {
 namespace {
@@ -137,6 +137,86 @@ TEST(ModelConfig, ParsesTheRealQwen2_57B_A14B) {
   EXPECT_EQ(c.qk_norm(), QkNorm::none);
   EXPECT_EQ(c.num_moe_layers(), 28);
   EXPECT_EQ(preset("qwen2-57b-a14b").to_json(), c.to_json());
+}
+
+// openai/gpt-oss-20b's config.json as published (its quantization_config,
+// MXFP4 experts, left out: loading those is another issue's).
+constexpr const char* kGptOss20b = R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+  "intermediate_size": 2880,
+  "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention",
+    "sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+  "max_position_embeddings": 131072, "model_type": "gpt_oss", "num_attention_heads": 64,
+  "num_experts_per_tok": 4, "num_hidden_layers": 24, "num_key_value_heads": 8,
+  "num_local_experts": 32, "output_router_logits": false, "pad_token_id": 199999,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+    "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+  "swiglu_limit": 7.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.55.0.dev0",
+  "use_cache": true, "vocab_size": 201088
+})";
+
+TEST(ModelConfig, ParsesTheRealGptOss20b) {
+  ModelConfig c = parse_model_config(kGptOss20b, "config.json");
+  EXPECT_EQ(c.family, ModelFamily::gpt_oss);
+  EXPECT_EQ(c.num_experts, 32);
+  EXPECT_EQ(c.moe_intermediate_size, 2880);
+  EXPECT_EQ(c.num_moe_layers(), 24);
+  EXPECT_EQ(c.attention_window(0), 128);
+  EXPECT_EQ(c.attention_window(1), 0);
+  EXPECT_EQ(c.qk_norm(), QkNorm::none);
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_EQ(c.rope_scaling.kind, RopeScaling::Kind::yarn);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  EXPECT_EQ(c.rope_theta, 150000);
+  EXPECT_EQ(c.swiglu_alpha, 1.702);  // GptOssConfig's default: the file omits it
+  EXPECT_EQ(preset("gpt-oss-20b").to_json(), c.to_json());
+  // OpenAI's model card: 21 B parameters, 3.6 B active per token (its count
+  // leaves out the input embedding, a lookup).
+  const ParamCounts n = param_counts(c);
+  EXPECT_NEAR(double(n.total) / 1e9, 20.9, 0.2);
+  EXPECT_NEAR(double(n.active_per_token - n.embedding) / 1e9, 3.6, 0.05);
+  // What TierMoE writes, transformers' class reads back the same.
+  EXPECT_EQ(parse_model_config(c.to_json(), "again").to_json(), c.to_json());
+}
+
+// GptOssConfig's defaults when the fields are absent: the 120b's shapes,
+// alternating layers (sliding first), YaRN factor 32 untruncated.
+TEST(ModelConfig, GptOssDefaultsFollowGptOssConfig) {
+  ModelConfig c = parse_model_config(R"({"model_type": "gpt_oss"})", "config.json");
+  EXPECT_EQ(c.num_hidden_layers, 36);
+  EXPECT_EQ(c.num_experts, 128);
+  ASSERT_EQ(c.layer_types.size(), 36u);
+  EXPECT_EQ(c.layer_types[0], "sliding_attention");
+  EXPECT_EQ(c.layer_types[35], "full_attention");
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+  EXPECT_EQ(c.rope_scaling.original_max_position_embeddings, 4096);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  EXPECT_EQ(c.sliding_window, 128);
+}
+
+TEST(ModelConfig, GptOssLayerTypesAreChecked) {
+  for (const auto& [json, words] :
+       {std::pair{R"({"model_type": "gpt_oss", "num_hidden_layers": 2,
+                      "layer_types": ["full_attention"]})",
+                  std::vector<std::string>{"layer_types", "1 layers of 2"}},
+        {R"({"model_type": "gpt_oss", "num_hidden_layers": 1, "layer_types": ["chunked"]})",
+         {"layer_types", "chunked"}},
+        {R"({"model_type": "gpt_oss", "num_hidden_layers": 1, "sliding_window": null,
+             "layer_types": ["sliding_attention"]})",
+         {"sliding_window", "null"}}}) {
+    EXPECT_TRUE(testing::throws_error_with([&] { parse_model_config(json, "config.json"); },
+                                           {words[0], words[1], "config.json"}))
+        << json;
+  }
 }
 
 TEST(ModelConfig, ParsesTheRealGlm45Air) {
@@ -298,7 +378,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(
         BadConfig{"unknown_type",
                   R"({"model_type": "llama"})",
-                  {"llama", "qwen3_moe, qwen2_moe, glm4_moe, mixtral"}},
+                  {"llama", "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, mixtral"}},
         BadConfig{"no_type", R"({"hidden_size": 64})", {"model_type"}},
         BadConfig{"invalid_json", R"({"model_type": "qwen3_moe",)", {"invalid JSON"}},
         BadConfig{"not_object", R"([1, 2])", {"array"}},
@@ -499,8 +579,8 @@ TEST(ModelConfig, Presets) {
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("huge"), std::string::npos);
-    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, small, qwen3-30b-a3b, qwen2-57b-a14b, "
-                       "glm-4.5-air"),
+    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, small, qwen3-30b-a3b, "
+                       "qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b"),
               std::string::npos)
         << msg;
   }

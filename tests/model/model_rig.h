@@ -125,6 +125,15 @@ inline void expect_grads_match(const std::vector<ModelParam>& params, const std:
   for (const ModelParam& p : params) {
     if (!p.requires_grad || !grads.contains(p.name)) continue;
     Tensor want = grads.load(p.name, DType::f64);
+    if (p.hf_transposed) {  // the file's [E, A, B] is the parameter's [E, B, A]
+      const int64_t E = want.size(0), A = want.size(1), Bn = want.size(2);
+      Tensor t = Tensor::empty({E, Bn, A}, DType::f64);
+      for (int64_t e = 0; e < E; ++e)
+        for (int64_t a = 0; a < A; ++a)
+          for (int64_t b = 0; b < Bn; ++b)
+            t.set((e * Bn + b) * A + a, want.get((e * A + a) * Bn + b));
+      want = t;
+    }
     ASSERT_EQ(want.shape(), p.grad.shape()) << p.name;
     double max_abs = 0;
     for (int64_t i = 0; i < want.numel(); ++i) max_abs = std::max(max_abs, std::abs(want.get(i)));

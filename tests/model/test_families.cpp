@@ -129,6 +129,8 @@ TEST(FamilyQwen3MoeYarn, PackedDocumentsMatchTransformers) {
 }
 TEST(FamilyGlm4Moe, PackedDocumentsMatchTransformers) { check_family("glm4_moe", "packed"); }
 TEST(FamilyQwen2Moe, PackedDocumentsMatchTransformers) { check_family("qwen2_moe", "packed"); }
+TEST(FamilyGptOss, EvalWindowsMatchTransformers) { check_family("gpt_oss", "eval"); }
+TEST(FamilyGptOss, PackedDocumentsMatchTransformers) { check_family("gpt_oss", "packed"); }
 
 // The check sees each Qwen2-MoE piece: a shared expert whose gate is a
 // constant 1/2 (gate weights 0), no q/k/v bias, no shared expert at all.
@@ -232,6 +234,56 @@ TEST_F(FamilyDir, Glm4MtpLayersAreSkippedOnLoad) {
                                  {"model.layers.3.eh_proj.weight", "does not use"}));
 }
 
+// The check sees each gpt-oss piece: the sinks (pushed to -1e4, so no row
+// sinks), the window (sliding_window past the rows' length), the clamp
+// (swiglu_limit 7 instead of the fixture's 1.5), the router's bias and the
+// experts' biases (zeroed), and YaRN's truncate (true instead of false).
+TEST_F(FamilyDir, TheCheckFailsWithoutEachGptOssPiece) {
+  EXPECT_GT(off_by_with("gpt_oss", [](CausalLM& m) { fill_params(m, "self_attn.sinks", -1e4); }),
+            1e3);
+  EXPECT_GT(off_by_with("gpt_oss", [](CausalLM& m) { fill_params(m, "mlp.router.bias", 0.0); }),
+            1e3);
+  EXPECT_GT(
+      off_by_with("gpt_oss", [](CausalLM& m) { fill_params(m, "experts.gate_up_proj_bias", 0.0); }),
+      1e3);
+  EXPECT_GT(
+      off_by_with("gpt_oss", [](CausalLM& m) { fill_params(m, "experts.down_proj_bias", 0.0); }),
+      1e3);
+  const std::pair<const char*, nlohmann::json> configs[] = {
+      {"window", {{"sliding_window", 64}}},
+      {"limit", {{"swiglu_limit", 7.0}}},
+      {"truncate", {{"rope_parameters", {{"truncate", true}}}}}};
+  for (const auto& [name, change] : configs) {
+    std::filesystem::create_directories(dir_ / name);
+    EXPECT_GT(off_by_with(
+                  "gpt_oss", [](CausalLM&) {}, with_config("gpt_oss", dir_ / name, change)),
+              1e3)
+        << name;
+  }
+  EXPECT_LT(off_by_with("gpt_oss", [](CausalLM&) {}), 1.0);
+}
+
+// gpt-oss's x-major experts: bound as transposed copies (LoRA's frozen base)
+// they give the copied loss bit for bit, and save_checkpoint writes the
+// fixture's tensors back, names, shapes and values.
+TEST_F(FamilyDir, GptOssExpertsBindAndSaveInTheirLayout) {
+  testing::SingleThread one_thread;
+  const std::string dir = kFamilies + "gpt_oss";
+  const nlohmann::json expected = expected_of(dir);
+  const FamilyBatch b = batch_of(dir, expected, "packed");
+  CausalLM copied = CausalLM::from_checkpoint(dir, DType::f64);
+  CausalLM mapped = CausalLM::from_checkpoint(dir, DType::f64, nullptr, WeightBinding::mapped);
+  EXPECT_EQ(forward(copied, expected, b, false), forward(mapped, expected, b, false));
+  copied.save_checkpoint(dir_.string());
+  CheckpointTensors mine = CheckpointTensors::open(dir_.string());
+  CheckpointTensors theirs = CheckpointTensors::open(dir);
+  ASSERT_EQ(mine.names(), theirs.names());
+  for (const std::string& name : theirs.names()) {
+    EXPECT_TRUE(
+        testing::all_close(mine.load(name, DType::f64), theirs.load(name, DType::f64), 0, 0, name));
+  }
+}
+
 // PEFT 0.21's loss with a family's committed adapter (TierMoE's export
 // layout: keys under PEFT's module names), and TierMoE's export of the
 // loaded adapter is that file, key for key and bit for bit.
@@ -260,6 +312,9 @@ TEST_F(FamilyDir, Qwen2MoeAdapterGivesPeftsLossAndExportsAsIs) {
 }
 TEST_F(FamilyDir, Glm4MoeAdapterGivesPeftsLossAndExportsAsIs) {
   expect_peft_loss_and_export("glm4_moe", dir_);
+}
+TEST_F(FamilyDir, GptOssAdapterGivesPeftsLossAndExportsAsIs) {
+  expect_peft_loss_and_export("gpt_oss", dir_);
 }
 TEST_F(FamilyDir, Qwen3MoeYarnAdapterGivesPeftsLossAndExportsAsIs) {
   expect_peft_loss_and_export("qwen3_moe_yarn", dir_);

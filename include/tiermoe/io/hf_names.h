@@ -2,7 +2,10 @@
 // The tensors a Hugging Face checkpoint of a ModelConfig holds, by their
 // on-disk names and shapes, in the per-expert layout that save_pretrained
 // writes. `tiermoe init` writes exactly this list and the loader checks a
-// checkpoint against it.
+// checkpoint against it. gpt-oss has no per-expert form: its experts are
+// four fused tensors per layer as transformers names them (role expert or
+// bias, expert -1), the matrices x-major: gate_up_proj [E, D, 2F] (gate and
+// up interleaved), down_proj [E, F, D].
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -23,6 +26,7 @@ enum class HfRole : uint8_t {
   router,     // the gate, [E, D]; Qwen2-MoE's shared_expert_gate, [1, D]
   expert,     // one expert's gate, up or down projection
   dense_mlp,  // the MLP of a non-MoE layer, and a MoE layer's shared expert
+  sink,       // gpt-oss's attention sink logits, [H] per layer
 };
 
 struct HfTensor {

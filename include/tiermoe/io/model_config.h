@@ -1,7 +1,7 @@
 #pragma once
 // A Hugging Face MoE config.json as one struct. Field names and defaults are
-// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE, Qwen2-MoE and GLM-4.5
-// configs map onto the same fields (their expert width lands in
+// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE, Qwen2-MoE, GLM-4.5 and
+// gpt-oss configs map onto the same fields (their expert width lands in
 // moe_intermediate_size), and
 // `family` records the differences the model must honour (router
 // renormalisation, q/k norm shape, tensor names).
@@ -20,7 +20,7 @@
 
 namespace tiermoe {
 
-enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe };
+enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe, gpt_oss };
 std::string_view family_name(ModelFamily family);  // the HF model_type
 // config.json's torch_dtype for a TierMoE dtype: "float64", "float32", "bfloat16".
 std::string_view torch_dtype_name(DType dtype);
@@ -106,6 +106,12 @@ struct ModelConfig {
   std::optional<int64_t> sliding_window;
   std::optional<int64_t> max_window_layers;
   std::optional<double> clip_qkv;             // OLMoE: clamp q, k, v to [-c, c]
+  // gpt-oss: each layer's attention, "sliding_attention" (a window of
+  // sliding_window keys) or "full_attention"; a learned sink per head; the
+  // clamped SwiGLU experts (moe/experts.h: gpt_oss) with biases, their
+  // checkpoint tensors fused and x-major; a biased router.
+  std::vector<std::string> layer_types;
+  double swiglu_alpha = 1.702, swiglu_limit = 7.0;
 
   bool is_moe_layer(int64_t layer) const;     // decoder_sparse_step, mlp_only_layers
   QkNorm qk_norm() const;
@@ -116,6 +122,9 @@ struct ModelConfig {
   bool shared_expert_gated() const { return family == ModelFamily::qwen2_moe; }
   // DeepSeek-V3's router (moe/router.h: deepseek_v3) instead of softmax top-k.
   bool sigmoid_router() const { return family == ModelFamily::glm4_moe; }
+  bool gpt_oss() const { return family == ModelFamily::gpt_oss; }
+  // The keys a query of `layer` sees back to (kernels/attention.h: window); 0: all.
+  int64_t attention_window(int64_t layer) const;
   // The head dims RoPE turns, as transformers computes it: int(P * factor).
   int64_t rotary_dim() const { return int64_t(double(head_dim) * partial_rotary_factor); }
   int64_t num_moe_layers() const;
@@ -139,9 +148,9 @@ ModelConfig load_model_config(const std::string& path);
 // Writes to_json() to `path` (atomically: temporary file, then rename).
 void save_model_config(const ModelConfig& config, const std::string& path);
 
-// Built-in shapes (model_presets.cpp): "tiny", "tiny-qwen2-moe" and
-// "tiny-glm4-moe" (tests, demo), "small", and the published configs
-// "qwen3-30b-a3b", "qwen2-57b-a14b" and "glm-4.5-air". `layers` overrides
+// Built-in shapes (model_presets.cpp): "tiny", "tiny-qwen2-moe",
+// "tiny-glm4-moe" and "tiny-gpt-oss" (tests, demo), "small", and the published
+// configs "qwen3-30b-a3b", "qwen2-57b-a14b", "glm-4.5-air" and "gpt-oss-20b". `layers` overrides
 // num_hidden_layers.
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers = std::nullopt);
 std::vector<std::string> preset_names();

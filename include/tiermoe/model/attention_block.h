@@ -9,6 +9,8 @@
 //   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta, on each head's
 //                                      first rotary_dim() values (GLM-4.5: half)
 //   o    = causal GQA SDPA(q, k, v)    [B, T, H, P], within each packed document
+//                                      (gpt-oss: a learned sink logit per head, and
+//                                      on its sliding layers a window of keys)
 //   y    = o Wo^T (+bo)
 // (biases: all four with attention_bias, q/k/v only with Qwen2-MoE's qkv_bias)
 //
@@ -26,6 +28,7 @@
 #include "tiermoe/core/step_times.h"
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/kernels/attention.h"
 #include "tiermoe/model/linear.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/rope_frequencies.h"
@@ -62,7 +65,8 @@ struct AttentionSaved {
 class AttentionBlock {
  public:
   // Zero weights; the loader or a test fills them through the Weights.
-  AttentionBlock(const ModelConfig& config, DType compute,
+  // `layer` picks the layer's attention window (ModelConfig::attention_window).
+  AttentionBlock(const ModelConfig& config, int64_t layer, DType compute,
                  MatrixAlloc alloc = MatrixAlloc::zeroed);
 
   // y_TD = attention(x_TD), x_TD [B*T, D]; `rope` holds B and T.
@@ -84,6 +88,8 @@ class AttentionBlock {
   void set_step_times(StepTimes* times) { times_ = times; }
 
  private:
+  // The batch's documents, this layer's window and sinks, as the kernel reads them.
+  AttentionOptions attention_options(const RopeTables& rope) const;
   // y_MO += the LoRA branch of projection i (0..3: q, k, v, o), if adapted.
   void lora_forward(int i, Tensor& y_MO, const Tensor& x_MI, AttentionSaved& saved) const;
   void lora_backward(int i, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
@@ -95,6 +101,8 @@ class AttentionBlock {
   double eps_;
   Linear q_proj_, k_proj_, v_proj_, o_proj_;
   Weight q_norm_, k_norm_;  // (P) per head, (H*P) / (Hkv*P) whole; undefined for none
+  Weight sinks_;            // (H) gpt-oss's sink logits; undefined for the other families
+  int64_t window_ = 0;      // keys a query sees back to; 0: all
   std::array<std::unique_ptr<LoraAdapter>, 4> lora_;  // q, k, v, o; null when not adapted
   StepTimes* times_ = nullptr;
 };

@@ -58,7 +58,8 @@ namespace tiermoe {
 // place, because their parts do not lie back to back in one shard
 // (huggingface_hub's split can cut between an expert's gate_proj and
 // up_proj): dense MLPs, and experts [first_expert, first_expert + experts)
-// of each MoE layer. The memory plan counts them under weights, not mapped.
+// of each MoE layer; gpt-oss's x-major experts, both matrices, which bind as
+// transposed copies. The memory plan counts them under weights, not mapped.
 int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, DType compute,
                             int64_t first_expert, int64_t experts);
 

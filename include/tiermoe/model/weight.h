@@ -67,6 +67,10 @@ struct ModelParam {
   // its index in the layer; -1 for everything else. With expert parallelism
   // only the expert's owner holds it, and its gradient is complete there.
   int64_t expert = -1;
+  // Hugging Face stores the transpose of its last two dims (gpt-oss's x-major
+  // fused experts: value is [E, 2F, D], the checkpoint's gate_up_proj
+  // [E, D, 2F]); checkpoint reads and writes transpose it.
+  bool hf_transposed = false;
 };
 
 }  // namespace tiermoe
