@@ -21,6 +21,22 @@ int64_t hf_expert_index(std::string_view name) {
   return std::stoll(std::string(name.substr(begin, end - begin)));
 }
 
+Tensor swap_last_two_dims(const Tensor& x, MemTag tag) {
+  const int64_t E = x.size(0), A = x.size(1), Bn = x.size(2);
+  Tensor out = Tensor::empty({E, Bn, A}, x.dtype(), tag);
+  visit_dtype(x.dtype(), [&]<class T>() {
+    const T* src = x.data<T>();
+    T* dst = out.data<T>();
+    parallel_for(E * Bn, 64, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t e = r / Bn, b = r % Bn;
+        for (int64_t a = 0; a < A; ++a) dst[r * A + a] = src[(e * A + a) * Bn + b];
+      }
+    });
+  });
+  return out;
+}
+
 namespace {
 
 using detail::str_of;
@@ -39,23 +55,6 @@ struct LoadItem {
   int64_t row0 = -1;
   bool transposed = false;  // the file holds dest's last two dims swapped
 };
-
-// x [E, A, B] -> [E, B, A] in x's dtype (gpt-oss's x-major experts).
-Tensor transpose_last2(const Tensor& x, MemTag tag) {
-  const int64_t E = x.size(0), A = x.size(1), Bn = x.size(2);
-  Tensor out = Tensor::empty({E, Bn, A}, x.dtype(), tag);
-  visit_dtype(x.dtype(), [&]<class T>() {
-    const T* src = x.data<T>();
-    T* dst = out.data<T>();
-    parallel_for(E * Bn, 64, [&](int64_t r0, int64_t r1) {
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t e = r / Bn, b = r % Bn;
-        for (int64_t a = 0; a < A; ++a) dst[r * A + a] = src[(e * A + a) * Bn + b];
-      }
-    });
-  });
-  return out;
-}
 
 Shape swap_last2(Shape s) {
   std::swap(s[s.size() - 1], s[s.size() - 2]);
@@ -138,7 +137,7 @@ class LoadPlan {
     for (const LoadItem& it : items_) {
       Tensor dest = it.dest;
       Tensor src = ck_.load(it.name, compute, MemTag::activations);
-      if (it.transposed) src = transpose_last2(src, MemTag::activations);
+      if (it.transposed) src = swap_last_two_dims(src, MemTag::activations);
       dest.copy_from(it.row0 < 0 ? src : src.rows(it.row0, it.row0 + dest.size(0)));
       meter.advance(double(ck_.entry(it.name).nbytes()));
     }
@@ -254,7 +253,7 @@ Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>&
 Tensor transposed_matrix(const CheckpointTensors& ck, const std::string& name, DType compute) {
   const DType stored = ck.view(name).dtype();
   const DType dt = is_narrower_or_same(stored, compute) ? stored : compute;
-  return transpose_last2(ck.load(name, dt, MemTag::activations), MemTag::weights);
+  return swap_last_two_dims(ck.load(name, dt, MemTag::activations), MemTag::weights);
 }
 
 }  // namespace
@@ -477,7 +476,7 @@ NamedTensors CausalLM::checkpoint_tensors(DType storage, bool experts_only) cons
     Tensor t = s.param.value;
     if (t.dtype() != storage) t = t.to(storage, MemTag::activations);
     tensors.emplace_back(s.param.name,
-                         s.param.hf_transposed ? transpose_last2(t, MemTag::activations) : t);
+                         s.param.hf_transposed ? swap_last_two_dims(t, MemTag::activations) : t);
   }
   return tensors;
 }

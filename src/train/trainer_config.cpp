@@ -7,6 +7,7 @@
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/io/tokens.h"
+#include "tiermoe/model/checkpoint.h"
 #include "tiermoe/model/memory_estimate.h"
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/remat/policy.h"
@@ -148,12 +149,17 @@ CausalLM random_model(const TrainConfig& c, Comm* comm) {
   // of the experts initialises exactly those.
   std::vector<HfTensor> tensors = hf_tensors(config);
   std::erase_if(tensors, [&](const HfTensor& t) {
-    return t.role == HfRole::expert && !model.holds_expert(t.expert);
+    return t.role == HfRole::expert && t.expert >= 0 && !model.holds_expert(t.expert);
   });
   std::vector<ModelParam> params = model.params();
   TIERMOE_ASSERT(params.size() == tensors.size());
   for (size_t i = 0; i < params.size(); ++i) {
     TIERMOE_ASSERT(params[i].name == tensors[i].name);
+    if (params[i].hf_transposed) {  // drawn in the checkpoint's layout, as init writes it
+      params[i].value.copy_from(
+          swap_last_two_dims(init_hf_tensor(tensors[i], config, c.seed, params[i].value.dtype())));
+      continue;
+    }
     fill_hf_tensor(params[i].value, tensors[i], config, c.seed);
   }
   return model;

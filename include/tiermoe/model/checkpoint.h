@@ -68,6 +68,10 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
 // expert at a time; read off the first MoE layer.
 bool stores_fused_experts(const CheckpointTensors& ck, const ModelConfig& c);
 
+// x [E, A, B] as a new [E, B, A] tensor in x's dtype: a ModelParam with
+// hf_transposed (gpt-oss's x-major experts) to or from the checkpoint's layout.
+Tensor swap_last_two_dims(const Tensor& x, MemTag tag = MemTag::activations);
+
 // The routed expert an HF tensor or module name belongs to: e in
 // "...experts.<e>.<proj>...", -1 for any other name (fused expert tensors
 // included). With expert parallelism a rank loads only its experts' tensors
