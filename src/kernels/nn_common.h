@@ -11,6 +11,7 @@
 
 #include "tiermoe/core/dtype.h"
 #include "tiermoe/core/tensor.h"
+#include "tiermoe/kernels/rmsnorm.h"
 
 namespace tiermoe::nn_detail {
 
@@ -215,6 +216,13 @@ inline void check_embedding(const Tensor& rows_TD, std::string_view rows_name, i
 }
 inline constexpr const char* kIdHint =
     "token ids must lie in [0, vocab_size): check that the data was tokenized for this model";
+
+// The normalised value x * rstd as RMSNorm multiplies it by w: rounded to
+// T first (after_normalize), or kept for one rounding after w (after_weight).
+template <class T, class A>
+inline A normed(A n, RmsNormCast cast) {
+  return cast == RmsNormCast::after_normalize ? A(round_to<T>(n)) : n;
+}
 
 // Returns D; R = rows of x.
 inline int64_t check_rmsnorm(const Tensor& x, const Tensor& w_D, std::string_view op) {

@@ -308,7 +308,8 @@ double CausalLM::forward(std::span<const int32_t> ids_BT, std::span<const int32_
   rstd_f_T_ = Tensor::empty({N}, acc_dtype_for(dtype_));
   nf_TD_ = Tensor::empty({N, D}, dtype_);
   part.emplace(step_times_.get(), StepPart::norms);
-  cpu::rmsnorm_forward(nf_TD_, rstd_f_T_, xf_TD_, norm_.value, config_.rms_norm_eps);
+  cpu::rmsnorm_forward(nf_TD_, rstd_f_T_, xf_TD_, norm_.value, config_.rms_norm_eps,
+                       rmsnorm_cast(config_));
   part.emplace(step_times_.get(), StepPart::lm_head);
   Weight& head = lm_head_.value.defined() ? lm_head_ : embed_;
   Tensor dw_head = grad ? head.grad_sink() : Tensor();
@@ -363,7 +364,7 @@ void CausalLM::backward() {
   Tensor dx_TD = Tensor::zeros({N, D}, dtype_);
   Tensor dw_norm = norm_.grad_sink();
   cpu::rmsnorm_backward(dx_TD, dw_norm, dn_TD_, xf_TD_, norm_.value, rstd_f_T_,
-                        /*accumulate=*/true);
+                        /*accumulate=*/true, rmsnorm_cast(config_));
   dn_TD_ = Tensor();
 
   // The aux loss reaches each MoE layer's router logits directly.

@@ -22,6 +22,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
       prefix_("model.layers." + std::to_string(layer) + "."),
       mlp_name_(c.is_moe_layer(layer) ? moe_block_name(c, prefix_) : prefix_ + "mlp"),
       eps_(c.rms_norm_eps),
+      norm_cast_(rmsnorm_cast(c)),
       norm_in_(Weight::zeros({c.hidden_size}, compute)),
       norm_post_(Weight::zeros({c.hidden_size}, compute)),
       attn_(c, layer, compute, alloc) {
@@ -71,8 +72,9 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   saved.x_TD = x_TD;
   saved.rstd_in_T = Tensor::empty({T}, acc_dtype_for(dt));
   Tensor n_TD = Tensor::empty({T, D}, dt);
-  timed(step_times_, StepPart::norms,
-        [&] { cpu::rmsnorm_forward(n_TD, saved.rstd_in_T, x_TD, norm_in_.value, eps_); });
+  timed(step_times_, StepPart::norms, [&] {
+    cpu::rmsnorm_forward(n_TD, saved.rstd_in_T, x_TD, norm_in_.value, eps_, norm_cast_);
+  });
   Tensor h_TD = Tensor::empty({T, D}, dt);
   auto t0 = Clock::now();
   attn_.forward(h_TD, n_TD, rope, saved.attn);
@@ -85,7 +87,7 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
     // The guard runs on the residual stream: the input was finite, so a
     // non-finite value here came from this half (before a router sees it).
     check_finite_activation(h_TD, prefix_ + "self_attn output");
-    cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_);
+    cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_, norm_cast_);
   });
   Tensor out_TD;
   t0 = Clock::now();
@@ -128,7 +130,7 @@ void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTabl
   Tensor dh_TD = dout_TD.clone();
   Tensor dw_post = norm_post_.grad_sink();
   cpu::rmsnorm_backward(dh_TD, dw_post, dm_TD, saved.h_TD, norm_post_.value, saved.rstd_post_T,
-                        /*accumulate=*/true);
+                        /*accumulate=*/true, norm_cast_);
   part.reset();
   // h = x + attn(norm_in(x))
   Tensor dn_TD = Tensor::empty({T, D}, dt);
@@ -139,7 +141,7 @@ void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTabl
   dx_TD.copy_from(dh_TD);
   Tensor dw_in = norm_in_.grad_sink();
   cpu::rmsnorm_backward(dx_TD, dw_in, dn_TD, saved.x_TD, norm_in_.value, saved.rstd_in_T,
-                        /*accumulate=*/true);
+                        /*accumulate=*/true, norm_cast_);
 }
 
 }  // namespace tiermoe

@@ -312,8 +312,8 @@ struct Qwen3Core {
             Tensor::empty(k_raw.shape(), dt),
             Tensor::empty({d.B, d.T, d.Hq}, acc_dtype(dt)),
             Tensor::empty(q_raw.shape(), dt)};
-    K.norm_fwd(s.q, s.rstd_q, q_raw, wq_P, kEps);
-    K.norm_fwd(s.k, s.rstd_k, k_raw, wk_P, kEps);
+    K.norm_fwd(s.q, s.rstd_q, q_raw, wq_P, kEps, RmsNormCast::after_normalize);
+    K.norm_fwd(s.k, s.rstd_k, k_raw, wk_P, kEps, RmsNormCast::after_normalize);
     K.rope_fwd(s.q, s.q, cos_RP, sin_RP);  // in place, as the model does
     K.rope_fwd(s.k, s.k, cos_RP, sin_RP);
     K.attn_fwd(s.out, s.lse, s.q, s.k, v, {});
@@ -331,8 +331,8 @@ struct Qwen3Core {
     K.attn_bwd(dq, dk, g.dv, dout, s.q, s.k, v, s.out, s.lse, {}, false, nullptr);
     K.rope_bwd(dq, dq, cos_RP, sin_RP, false);
     K.rope_bwd(dk, dk, cos_RP, sin_RP, false);
-    K.norm_bwd(g.dq_raw, g.dwq_P, dq, q_raw, wq_P, s.rstd_q, false);
-    K.norm_bwd(g.dk_raw, g.dwk_P, dk, k_raw, wk_P, s.rstd_k, false);
+    K.norm_bwd(g.dq_raw, g.dwq_P, dq, q_raw, wq_P, s.rstd_q, false, RmsNormCast::after_normalize);
+    K.norm_bwd(g.dk_raw, g.dwk_P, dk, k_raw, wk_P, s.rstd_k, false, RmsNormCast::after_normalize);
     return g;
   }
 };

@@ -121,6 +121,64 @@ TEST(RmsNorm, Bf16CastsBeforeWeight) {
   }
 }
 
+// gpt-oss's GptOssRMSNorm multiplies by w in f32 and rounds once; the twins
+// do that with after_weight (on data where it differs from rounding twice),
+// agree with each other forward and backward, and dw then sums the
+// unrounded x * rstd. In f32 and f64 the two orders are the same bits.
+TEST(RmsNorm, AfterWeightRoundsOnceAsGptOss) {
+  Rng rng(33);
+  Tensor x = random_tensor({8, 256}, DType::bf16, rng);
+  Tensor w = random_tensor({256}, DType::bf16, rng);
+  Tensor dy = random_tensor({8, 256}, DType::bf16, rng);
+  Tensor rstd = Tensor::empty({8}, DType::f32), rstd_ref = Tensor::empty({8}, DType::f32);
+  const RmsNormCast cast = RmsNormCast::after_weight;
+  {
+    Tensor y = Tensor::empty({8, 256}, DType::bf16);
+    ref::rmsnorm_forward(y, rstd_ref, x, w, 1e-6, cast);  // both backwards read this one
+  }
+  std::vector<Tensor> dws;
+  for (int twin = 0; twin < 2; ++twin) {
+    Tensor y = Tensor::empty({8, 256}, DType::bf16);
+    twin ? cpu::rmsnorm_forward(y, rstd, x, w, 1e-6, cast)
+         : ref::rmsnorm_forward(y, rstd, x, w, 1e-6, cast);
+    int64_t orders_differ = 0;
+    for (int64_t r = 0; r < 8; ++r) {
+      const float s = float(rstd.get(r));
+      for (int64_t d = 0; d < 256; ++d) {
+        const float n = float(x.get(r * 256 + d)) * s;
+        const float once = bf16_to_float(float_to_bf16(float(w.get(d)) * n));
+        const float twice =
+            bf16_to_float(float_to_bf16(float(w.get(d)) * bf16_to_float(float_to_bf16(n))));
+        ASSERT_EQ(float(y.get(r * 256 + d)), once) << "row " << r << " col " << d;
+        orders_differ += once != twice;
+      }
+    }
+    EXPECT_GT(orders_differ, 0) << "the data does not tell the two rounding orders apart";
+    Tensor dx = Tensor::empty({8, 256}, DType::bf16), dw = Tensor::zeros({256}, DType::f32);
+    twin ? cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd_ref, false, cast)
+         : ref::rmsnorm_backward(dx, dw, dy, x, w, rstd_ref, false, cast);
+    dws.push_back(dw);
+    // dw_d = sum_r dy * x * rstd, unrounded.
+    for (int64_t d : {0, 77, 255}) {
+      double want = 0;
+      for (int64_t r = 0; r < 8; ++r) {
+        want += double(float(dy.get(r * 256 + d)) *
+                       (float(x.get(r * 256 + d)) * float(rstd_ref.get(r))));
+      }
+      EXPECT_NEAR(dw.get(d), want, 1e-5 * (1 + std::abs(want))) << d;
+    }
+  }
+  EXPECT_TRUE(bitwise_equal(dws[1], dws[0], "dw cpu vs ref"));
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor xf = random_tensor({4, 64}, dt, rng), wf = random_tensor({64}, dt, rng);
+    Tensor r4 = Tensor::empty({4}, dt == DType::f64 ? DType::f64 : DType::f32);
+    Tensor a = Tensor::empty({4, 64}, dt), b = Tensor::empty({4, 64}, dt);
+    cpu::rmsnorm_forward(a, r4, xf, wf, 1e-6, RmsNormCast::after_weight);
+    cpu::rmsnorm_forward(b, r4, xf, wf, 1e-6, RmsNormCast::after_normalize);
+    EXPECT_TRUE(bitwise_equal(a, b, std::string(dtype_name(dt))));
+  }
+}
+
 TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   Rng rng(33);
   for (double eps : {1e-6, 0.5}) {

@@ -9,12 +9,18 @@
 #include <string>
 
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/kernels/rmsnorm.h"
 #include "tiermoe/model/attention_block.h"
 #include "tiermoe/model/dense_mlp.h"
 #include "tiermoe/model/moe_block.h"
 #include "tiermoe/model/shared_expert.h"
 
 namespace tiermoe {
+
+// Where the family's RMSNorm rounds (kernels/rmsnorm.h): gpt-oss after the weight.
+inline RmsNormCast rmsnorm_cast(const ModelConfig& c) {
+  return c.gpt_oss() ? RmsNormCast::after_weight : RmsNormCast::after_normalize;
+}
 
 struct DecoderLayerSaved {
   Tensor x_TD, rstd_in_T;  // input_layernorm's input and statistics
@@ -78,6 +84,7 @@ class DecoderLayer {
   int64_t layer_;
   std::string prefix_, mlp_name_;
   double eps_;
+  RmsNormCast norm_cast_;
   Weight norm_in_, norm_post_;  // (D)
   AttentionBlock attn_;
   std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_

@@ -18,7 +18,8 @@ namespace {
 int64_t row_grain(int64_t D) { return std::max<int64_t>(1, 16384 / D); }
 }  // namespace
 
-void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w_D, double eps) {
+void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w_D, double eps,
+                     RmsNormCast cast) {
   int64_t D = check_rmsnorm(x, w_D, "rmsnorm_forward");
   check_elementwise(y, "y", x, "x", "rmsnorm_forward");
   if (rstd_R.defined()) check_rstd(rstd_R, x, "rmsnorm_forward");
@@ -38,7 +39,7 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w
         A rstd = A(1) / std::sqrt(sum_sq / A(D) + A(eps));
         if (rstds) rstds[r] = rstd;
         for (int64_t d = 0; d < D; ++d) {
-          yr[d] = store<T>(load(w[d]) * round_to<T>(load(xr[d]) * rstd));
+          yr[d] = store<T>(load(w[d]) * normed<T>(load(xr[d]) * rstd, cast));
         }
       }
     });
@@ -46,7 +47,7 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor& dw_D, const Tensor& dy, const Tensor& x,
-                      const Tensor& w_D, const Tensor& rstd_R, bool accumulate) {
+                      const Tensor& w_D, const Tensor& rstd_R, bool accumulate, RmsNormCast cast) {
   int64_t D = check_rmsnorm(x, w_D, "rmsnorm_backward");
   check_elementwise(dy, "dy", x, "x", "rmsnorm_backward");
   check_elementwise(dx, "dx", x, "x", "rmsnorm_backward");
@@ -91,7 +92,8 @@ void rmsnorm_backward(Tensor& dx, Tensor& dw_D, const Tensor& dy, const Tensor& 
           const T* xr = xs + r * D;
           const T* dyr = dys + r * D;
           A rstd = rstds[r];
-          for (int64_t d = d0; d < d1; ++d) dw[d] += load(dyr[d]) * round_to<T>(load(xr[d]) * rstd);
+          for (int64_t d = d0; d < d1; ++d)
+            dw[d] += load(dyr[d]) * normed<T>(load(xr[d]) * rstd, cast);
         }
       }
     });

@@ -8,7 +8,8 @@ namespace tiermoe::ref {
 
 using namespace nn_detail;
 
-void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w_D, double eps) {
+void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w_D, double eps,
+                     RmsNormCast cast) {
   int64_t D = check_rmsnorm(x, w_D, "rmsnorm_forward");
   check_elementwise(y, "y", x, "x", "rmsnorm_forward");
   if (rstd_R.defined()) check_rstd(rstd_R, x, "rmsnorm_forward");
@@ -23,14 +24,14 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w
       A rstd = A(1) / std::sqrt(sum_sq / A(D) + A(eps));
       if (rstd_R.defined()) rstd_R.data<A>()[r] = rstd;
       for (int64_t d = 0; d < D; ++d) {
-        yr[d] = store<T>(load(w[d]) * round_to<T>(load(xr[d]) * rstd));
+        yr[d] = store<T>(load(w[d]) * normed<T>(load(xr[d]) * rstd, cast));
       }
     }
   });
 }
 
 void rmsnorm_backward(Tensor& dx, Tensor& dw_D, const Tensor& dy, const Tensor& x,
-                      const Tensor& w_D, const Tensor& rstd_R, bool accumulate) {
+                      const Tensor& w_D, const Tensor& rstd_R, bool accumulate, RmsNormCast cast) {
   int64_t D = check_rmsnorm(x, w_D, "rmsnorm_backward");
   check_elementwise(dy, "dy", x, "x", "rmsnorm_backward");
   check_elementwise(dx, "dx", x, "x", "rmsnorm_backward");
@@ -58,7 +59,7 @@ void rmsnorm_backward(Tensor& dx, Tensor& dw_D, const Tensor& dy, const Tensor& 
       }
       if (dw_D.defined()) {
         A* dw = dw_D.data<A>();
-        for (int64_t d = 0; d < D; ++d) dw[d] += load(dyr[d]) * round_to<T>(load(xr[d]) * rstd);
+        for (int64_t d = 0; d < D; ++d) dw[d] += load(dyr[d]) * normed<T>(load(xr[d]) * rstd, cast);
       }
     }
   });
