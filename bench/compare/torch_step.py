@@ -1,7 +1,7 @@
 """One whole training step of transformers + PEFT, timed as `tiermoe train` times its own.
 
-The checkpoint is loaded as shipped (transformers 5, `sdpa` attention,
-`grouped_mm` experts), in --dtype; LoRA (PEFT) on the attention projections
+The checkpoint is loaded as shipped (transformers 5, `sdpa` attention, or
+`eager` for gpt-oss, whose sinks sdpa does not take; `grouped_mm` experts), in --dtype; LoRA (PEFT) on the attention projections
 or every parameter trained (--mode full); AdamW (torch's, foreach); the
 batches are the windows `tiermoe train --no-shuffle` draws from the same
 token file: step s takes windows [s*B, s*B + B), window w being tokens
@@ -39,8 +39,10 @@ def main():
     import transformers
     torch.set_num_threads(args.threads)
     dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
+    config = transformers.AutoConfig.from_pretrained(args.model)
+    attn = "eager" if config.model_type == "gpt_oss" else "sdpa"
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=dtype, attn_implementation="sdpa", experts_implementation="grouped_mm")
+        args.model, dtype=dtype, attn_implementation=attn, experts_implementation="grouped_mm")
     model.config.use_cache = False
     if args.mode == "lora":
         import peft

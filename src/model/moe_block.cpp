@@ -115,6 +115,16 @@ void MoeBlock::set_moe_options(AbsorbScores absorb, const MoeRegionKeep& keep) {
 
 void MoeBlock::enable_lora(const LoraConfig& config, Rng& rng) {
   const ExpertsConfig& c = experts_.config();
+  if (c.activation == ExpertActivation::gpt_oss) {
+    for (const char* proj : {"gate_proj", "up_proj", "down_proj"}) {
+      TIERMOE_CHECK(!lora_targets_module(config, experts_.name() + ".0." + proj),
+                    detail::str_of("LoRA target '", proj, "' names gpt-oss's experts"),
+                    experts_.name(),
+                    "LoRA on gpt-oss's fused experts is not implemented yet; target the "
+                    "attention projections (q_proj,k_proj,v_proj,o_proj)");
+    }
+    return;
+  }
   auto lora = std::make_unique<ExpertLora>(c.num_experts, c.hidden, c.ffn, config, experts_.dtype(),
                                            experts_.name(), first_expert_, total_experts_);
   if (lora->empty()) return;

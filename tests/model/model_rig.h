@@ -24,20 +24,23 @@ struct SingleThread {
   ~SingleThread() { set_num_threads(0); }
 };
 
-enum class Family { qwen3, olmoe, mixtral, qwen2, glm4 };
+enum class Family { qwen3, olmoe, mixtral, qwen2, glm4, gpt_oss };
 
 // 3 layers, layer 1 dense (mlp_only_layers; Qwen3 and Qwen2 only), q_proj
 // width H*P = 32 != D = 16 (OLMoE requires H*P = D: P = 4 there). `bias`:
 // attention_bias, or Qwen2-MoE's and GLM-4.5's q/k/v bias (Qwen2's shared
 // expert is 10 wide; GLM's layer 0 is dense, its shared experts 24 wide, its
 // router sigmoid over 2 groups of 2 with routed_scaling_factor 2.5, its RoPE
-// half-rotary and its q/k norm on).
+// half-rotary and its q/k norm on; gpt-oss's layers are all MoE, sliding,
+// full, sliding with a window of 2, with sinks, q/k/v/o bias, a biased router,
+// biased experts and swiglu_limit 1).
 inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool bias = false) {
   ModelConfig c = preset("tiny");
   if (f == Family::olmoe) c.family = ModelFamily::olmoe, c.model_type = "olmoe";
   if (f == Family::mixtral) c.family = ModelFamily::mixtral, c.model_type = "mixtral";
   if (f == Family::qwen2) c.family = ModelFamily::qwen2_moe, c.model_type = "qwen2_moe";
   if (f == Family::glm4) c.family = ModelFamily::glm4_moe, c.model_type = "glm4_moe";
+  if (f == Family::gpt_oss) c.family = ModelFamily::gpt_oss, c.model_type = "gpt_oss";
   c.vocab_size = 40;
   c.hidden_size = 16;
   c.intermediate_size = 24;
@@ -71,6 +74,14 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
     c.use_qk_norm = true;
     c.partial_rotary_factor = 0.5;
     c.output_router_logits = false;  // the DeepSeek-V3 family has no aux loss
+  }
+  if (f == Family::gpt_oss) {
+    c.mlp_only_layers.clear();
+    c.layer_types = {"sliding_attention", "full_attention", "sliding_attention"};
+    c.sliding_window = 2;
+    c.attention_bias = true;
+    c.norm_topk_prob = false;
+    c.swiglu_limit = 1.0;
   }
   return c;
 }

@@ -284,6 +284,22 @@ TEST_F(FamilyDir, GptOssExpertsBindAndSaveInTheirLayout) {
   }
 }
 
+// LoRA on gpt-oss's fused experts is refused, naming the target and what
+// works instead; the attention projections adapt.
+TEST(FamilyGptOss, LoraOnTheExpertsIsAClearError) {
+  CausalLM model = CausalLM::from_checkpoint(kFamilies + "gpt_oss", DType::f32);
+  for (const char* target : {"gate_proj", "up_proj", "down_proj"}) {
+    LoraConfig cfg;
+    cfg.targets = {"q_proj", target};
+    EXPECT_TRUE(testing::throws_error_with([&] { model.enable_lora(cfg, 1); },
+                                           {target, "gpt-oss's experts", "attention projections"}));
+  }
+  LoraConfig cfg;
+  cfg.targets = {"q_proj", "v_proj"};
+  model.enable_lora(cfg, 1);
+  EXPECT_EQ(model.lora_params().size(), 2u * 2 * 3);  // A and B, two projections, three layers
+}
+
 // PEFT 0.21's loss with a family's committed adapter (TierMoE's export
 // layout: keys under PEFT's module names), and TierMoE's export of the
 // loaded adapter is that file, key for key and bit for bit.

@@ -14,7 +14,8 @@ using testing::Family;
 std::string kind_of(const std::string& name) {
   std::string k = name;
   if (k.starts_with("model.layers.")) k = k.substr(k.find('.', 13) + 1);
-  if (size_t e = k.find(".experts."); e != std::string::npos) {  // not shared_experts.
+  // Per-expert names only (not shared_experts., nor gpt-oss's fused experts.gate_up_proj).
+  if (size_t e = k.find(".experts."); e != std::string::npos && std::isdigit(k[e + 9])) {
     size_t dot = k.find('.', e + 9);
     k = k.substr(0, e + 9) + k.substr(dot + 1);
   }
@@ -64,8 +65,15 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
                                    "self_attn.o_proj.weight",   "input_layernorm.weight",
                                    "post_attention_layernorm.weight", "model.norm.weight"};
   const std::string block = config.family == ModelFamily::mixtral ? "block_sparse_moe." : "mlp.";
-  for (std::string k : {"gate.weight", "experts.gate_proj.weight", "experts.up_proj.weight",
-                        "experts.down_proj.weight"}) {
+  const std::vector<std::string> moe_kinds =
+      config.gpt_oss()
+          ? std::vector<std::string>{"router.weight",        "router.bias",
+                                     "experts.gate_up_proj", "experts.gate_up_proj_bias",
+                                     "experts.down_proj",    "experts.down_proj_bias"}
+          : std::vector<std::string>{"gate.weight", "experts.gate_proj.weight",
+                                     "experts.up_proj.weight", "experts.down_proj.weight"};
+  if (config.gpt_oss()) want.push_back("self_attn.sinks");
+  for (std::string k : moe_kinds) {
     if (config.family == ModelFamily::mixtral) {
       if (k.starts_with("experts.")) k = k.substr(0, 8) + (k[8] == 'g' ? "w1" : k[8] == 'u' ? "w3" : "w2") + ".weight";
     }
@@ -119,8 +127,15 @@ TEST(ModelGrad, Glm4SigmoidGroupRouterSharedExpertsPartialRotaryMatchesFiniteDif
   check_model_fd(testing::tiny_model_config(Family::glm4, false, true, true), 16);
 }
 
+TEST(ModelGrad, GptOssSinksWindowBiasedRouterAndExpertsMatchFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::gpt_oss, false, false), 17);
+}
+
+// params() lists the checkpoint's tensors in order, by name, role and shape
+// (a gpt-oss expert matrix as the transpose of its x-major checkpoint shape).
 TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
-  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral, Family::qwen2, Family::glm4}) {
+  for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral, Family::qwen2, Family::glm4,
+                   Family::gpt_oss}) {
     for (bool tied : {false, true}) {
       ModelConfig c = testing::tiny_model_config(f, tied, true, tied);
       CausalLM model(c, DType::f32);
@@ -129,14 +144,17 @@ TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
       ASSERT_EQ(params.size(), want.size());
       for (size_t i = 0; i < want.size(); ++i) {
         EXPECT_EQ(params[i].name, want[i].name);
-        EXPECT_EQ(params[i].value.shape(), want[i].shape) << want[i].name;
+        Shape shape = want[i].shape;
+        if (params[i].hf_transposed) std::swap(shape[1], shape[2]);
+        EXPECT_EQ(params[i].hf_transposed, f == Family::gpt_oss && want[i].role == HfRole::expert);
+        EXPECT_EQ(params[i].value.shape(), shape) << want[i].name;
         EXPECT_EQ(params[i].role, want[i].role) << want[i].name;
         if (want[i].name.ends_with("e_score_correction_bias")) {  // selects only: never trained
           EXPECT_FALSE(params[i].requires_grad);
           continue;
         }
         ASSERT_TRUE(params[i].grad.defined()) << want[i].name;
-        EXPECT_EQ(params[i].grad.shape(), want[i].shape) << want[i].name;
+        EXPECT_EQ(params[i].grad.shape(), shape) << want[i].name;
         EXPECT_EQ(params[i].grad.dtype(), DType::f32) << want[i].name;
       }
     }
