@@ -143,6 +143,13 @@ std::vector<HfTensor> hf_checkpoint_tensors(
       }
       continue;
     }
+    if (t.role == HfRole::expert && c.gpt_oss() && stored(t.name + "_blocks")) {
+      // MXFP4 (io/mxfp4.h): [E, out, in] in blocks of 32 along in; t.shape is x-major [E, in, out].
+      const int64_t in = t.shape[1], out_dim = t.shape[2];
+      out.push_back({t.name + "_blocks", {E, out_dim, in / 32, 16}, HfRole::expert, t.layer});
+      out.push_back({t.name + "_scales", {E, out_dim, in / 32}, HfRole::expert, t.layer});
+      continue;
+    }
     if (t.role == HfRole::router && c.family == ModelFamily::mixtral && !stored(t.name) &&
         stored(p + "mlp.gate.weight")) {
       t.name = p + "mlp.gate.weight";

@@ -5,6 +5,7 @@
 
 #include "param_slot.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/io/mxfp4.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/kernels/matmul_mixed.h"
 
@@ -54,6 +55,7 @@ struct LoadItem {
   Tensor dest;
   int64_t row0 = -1;
   bool transposed = false;  // the file holds dest's last two dims swapped
+  bool mxfp4 = false;       // the file holds name_blocks and name_scales (io/mxfp4.h)
 };
 
 Shape swap_last2(Shape s) {
@@ -87,6 +89,21 @@ class LoadPlan {
     check(name, swap_last2(dest.shape()));
     items_.push_back({name, dest, -1, true});
     used_.insert(name);
+  }
+
+  // An MXFP4 matrix (io/mxfp4.h), decoded into dest.
+  void add_mxfp4(const std::string& name, const Tensor& dest) {
+    check_mxfp4(name, dest.shape());
+    items_.push_back({name, dest, -1, false, true});
+  }
+  void check_mxfp4(const std::string& name, const Shape& want) {
+    const Shape got = mxfp4_shape(ck_, name);
+    TIERMOE_CHECK(got == want,
+                  str_of("MXFP4 tensor '", name, "_blocks' decodes to ", shape_str(got),
+                         " but config.json implies ", shape_str(want)),
+                  ck_.dir(), shape_hint(name));
+    used_.insert(name + "_blocks");
+    used_.insert(name + "_scales");
   }
 
   // Another rank's expert: its owner loads it.
@@ -131,15 +148,25 @@ class LoadPlan {
   // Progress counts the bytes read from the files (a fused tensor's whole
   // size for each slice of it a rank takes).
   void load(DType compute, ProgressSink progress) const {
+    auto bytes = [&](const LoadItem& it) {
+      if (!it.mxfp4) return double(ck_.entry(it.name).nbytes());
+      return double(ck_.entry(it.name + "_blocks").nbytes() +
+                    ck_.entry(it.name + "_scales").nbytes());
+    };
     double total = 0;
-    for (const LoadItem& it : items_) total += double(ck_.entry(it.name).nbytes());
+    for (const LoadItem& it : items_) total += bytes(it);
     ProgressMeter meter(progress, "load " + ck_.dir(), total);
     for (const LoadItem& it : items_) {
       Tensor dest = it.dest;
+      if (it.mxfp4) {
+        dest.copy_from(load_mxfp4(ck_, it.name, compute, MemTag::activations));
+        meter.advance(bytes(it));
+        continue;
+      }
       Tensor src = ck_.load(it.name, compute, MemTag::activations);
       if (it.transposed) src = swap_last_two_dims(src, MemTag::activations);
       dest.copy_from(it.row0 < 0 ? src : src.rows(it.row0, it.row0 + dest.size(0)));
-      meter.advance(double(ck_.entry(it.name).nbytes()));
+      meter.advance(bytes(it));
     }
     meter.finish();
   }
@@ -249,8 +276,12 @@ Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>&
 }
 
 // An x-major stacked matrix [E, in, out] as [E, out, in], kept at its
-// stored width when that is no wider than `compute`.
+// stored width when that is no wider than `compute`; an MXFP4 one decoded
+// to bf16 (f64 in f64 runs).
 Tensor transposed_matrix(const CheckpointTensors& ck, const std::string& name, DType compute) {
+  if (stores_mxfp4(ck, name)) {  // decoded rows are [E, out, in] already; exact in bf16
+    return load_mxfp4(ck, name, compute == DType::f64 ? DType::f64 : DType::bf16);
+  }
   const DType stored = ck.view(name).dtype();
   const DType dt = is_narrower_or_same(stored, compute) ? stored : compute;
   return swap_last_two_dims(ck.load(name, dt, MemTag::activations), MemTag::weights);
@@ -365,7 +396,8 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
     }
     if (c.gpt_oss()) {  // both matrices are transposed copies
       for (const char* m : {"gate_up_proj", "down_proj"}) {
-        n += shape_numel(ck.entry(fused_experts_prefix(l) + m).shape);
+        const std::string name = fused_experts_prefix(l) + m;
+        n += shape_numel(stores_mxfp4(ck, name) ? mxfp4_shape(ck, name) : ck.entry(name).shape);
       }
       continue;
     }
@@ -405,6 +437,13 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
   std::set<int64_t> fused_layers;
   for (Slot& s : model.slots(/*with_grads=*/false)) {
     const ModelParam& p = s.param;
+    if (p.hf_transposed && stores_mxfp4(ck, p.name)) {
+      if (mapped)
+        plan.check_mxfp4(p.name, p.value.shape());
+      else
+        plan.add_mxfp4(p.name, p.value);
+      continue;
+    }
     if (p.hf_transposed) {
       if (mapped)
         plan.check_only(p.name, swap_last2(p.value.shape()));

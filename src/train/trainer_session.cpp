@@ -290,8 +290,14 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                                             std::to_string(config.seed) + ")"
                                       : config.model_dir)
          << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning")
-         << ", " << count_trainable(trainer.parameters()) << " trainable parameters\n"
-         << "train: data " << data.source() << " ("
+         << ", " << count_trainable(trainer.parameters()) << " trainable parameters\n";
+    if (model.config().quant_method == "mxfp4") {
+      *log << "train: the MXFP4 experts are decoded at load, to "
+           << (config.lora && config.dtype != DType::f64 ? "bf16 (exact)"
+                                                         : dtype_name(config.dtype))
+           << ": TierMoE does not yet keep them at 4 bits\n";
+    }
+    *log << "train: data " << data.source() << " ("
          << (data.summary().empty() ? str_of(data.size(), " tokens") : data.summary()) << ")";
     if (corpus) {
       *log << str_of(", loss floor ", corpus->loss_floor(), " nats (entropy rate), unigram ",

@@ -56,7 +56,8 @@ std::vector<HfTensor> hf_tensors(const ModelConfig& config);
 // expected when either of its tensors is stored, mlp.experts.gate_up_proj
 // [E, 2F, D] (gate rows first) and mlp.experts.down_proj [E, D, F] (role
 // expert, expert -1); Mixtral's router under v5's name mlp.gate.weight when
-// only that is stored; and lm_head.weight in a tied model that stores one
+// only that is stored; gpt-oss's expert matrices as MXFP4 _blocks and
+// _scales when those are stored (io/mxfp4.h); and lm_head.weight in a tied model that stores one
 // (transformers ties it when equal to the embedding, else unties the model).
 // These are the rules CausalLM::from_checkpoint loads by.
 std::vector<HfTensor> hf_checkpoint_tensors(const ModelConfig& config,

@@ -112,6 +112,10 @@ struct ModelConfig {
   // checkpoint tensors fused and x-major; a biased router.
   std::vector<std::string> layer_types;
   double swiglu_alpha = 1.702, swiglu_limit = 7.0;
+  // quantization_config.quant_method: empty, or "mxfp4" (gpt-oss's experts as
+  // published: io/mxfp4.h, decoded at load). Never written back: TierMoE
+  // saves what it holds, unquantized.
+  std::string quant_method;
 
   bool is_moe_layer(int64_t layer) const;     // decoder_sparse_step, mlp_only_layers
   QkNorm qk_norm() const;

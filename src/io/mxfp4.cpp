@@ -1,0 +1,70 @@
+#include "tiermoe/io/mxfp4.h"
+
+#include <cmath>
+
+#include "tiermoe/core/error.h"
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe {
+
+namespace {
+
+using detail::str_of;
+
+constexpr int64_t kBlock = 32;  // values per scale
+constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+std::string blocks_of(const std::string& name) { return name + "_blocks"; }
+std::string scales_of(const std::string& name) { return name + "_scales"; }
+
+}  // namespace
+
+bool stores_mxfp4(const CheckpointTensors& ck, const std::string& name) {
+  return ck.contains(blocks_of(name));
+}
+
+Shape mxfp4_shape(const CheckpointTensors& ck, const std::string& name) {
+  const std::string b = blocks_of(name), s = scales_of(name);
+  const std::string hint =
+      "an MXFP4 matrix [E, out, in] is stored as <name>_blocks U8 [E, out, in/32, 16] and "
+      "<name>_scales U8 [E, out, in/32]";
+  TIERMOE_CHECK(ck.contains(s), str_of("checkpoint has '", b, "' but not '", s, "'"), ck.dir(),
+                hint);
+  const SafetensorsEntry& be = ck.entry(b);
+  const SafetensorsEntry& se = ck.entry(s);
+  TIERMOE_CHECK(be.dtype == "U8" && se.dtype == "U8",
+                str_of("'", b, "' is ", be.dtype, " and '", s, "' is ", se.dtype), ck.dir(), hint);
+  const bool shapes_ok = be.shape.size() == 4 && be.shape[3] == kBlock / 2 &&
+                         se.shape == Shape{be.shape[0], be.shape[1], be.shape[2]};
+  TIERMOE_CHECK(
+      shapes_ok,
+      str_of("'", b, "' has shape ", shape_str(be.shape), " and '", s, "' ", shape_str(se.shape)),
+      ck.dir(), hint);
+  return {be.shape[0], be.shape[1], be.shape[2] * kBlock};
+}
+
+Tensor load_mxfp4(const CheckpointTensors& ck, const std::string& name, DType dtype, MemTag tag) {
+  const Shape shape = mxfp4_shape(ck, name);
+  const auto blocks = ck.file_of(blocks_of(name)).bytes(blocks_of(name));
+  const auto scales = ck.file_of(scales_of(name)).bytes(scales_of(name));
+  const int64_t groups = int64_t(scales.size());  // E * out * in/32 blocks
+  Tensor out = Tensor::empty(shape, dtype, tag);
+  visit_dtype(dtype, [&]<class T>() {
+    using A = acc_t<T>;
+    T* dst = out.data<T>();
+    parallel_for(groups, 1024, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int exp = int(std::to_integer<uint8_t>(scales[size_t(g)])) - 127;
+        for (int64_t j = 0; j < kBlock / 2; ++j) {
+          const uint8_t byte = std::to_integer<uint8_t>(blocks[size_t(g * kBlock / 2 + j)]);
+          dst[g * kBlock + 2 * j] = store<T>(A(std::ldexp(A(kE2m1[byte & 15]), exp)));
+          dst[g * kBlock + 2 * j + 1] = store<T>(A(std::ldexp(A(kE2m1[byte >> 4]), exp)));
+        }
+      }
+    });
+  });
+  return out;
+}
+
+}  // namespace tiermoe
