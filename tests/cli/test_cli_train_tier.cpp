@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "cli/cli_fixture.h"
+#include "tiermoe/io/tokens.h"
 
 namespace tiermoe {
 namespace {
@@ -56,6 +57,33 @@ TEST_F(CliTrainTier, CpuDeviceGivesTheHostLossesAndReportsItsWork) {
   EXPECT_EQ(last_json_line(again.out).at("losses"), h.at("losses"));
   EXPECT_GT(last_json_line(again.out).at("hot_fraction").get<double>(),
             d.at("hot_fraction").get<double>());  // step 1 ran on the device too
+}
+
+// gpt-oss's experts (biases, the clamped GLU) on the device tier give the
+// host's losses: fully trained from the preset (bf16, the re-uploads after
+// each AdamW step), and frozen under LoRA over MXFP4 experts decoded at load.
+TEST_F(CliTrainTier, GptOssOnTheCpuDeviceGivesTheHostLosses) {
+  const std::string model = std::string(TIERMOE_TEST_DATA_DIR) + "/mxfp4/model";
+  std::vector<int32_t> tokens(4096);  // its vocabulary is 64
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + i / 7) % 64);
+  const std::string data = path("tokens.npy").string();
+  write_npy_tokens(data, tokens, TokenDType::i32);
+  const std::vector<std::vector<std::string>> runs = {
+      {"--preset", "tiny-gpt-oss", "--dtype", "bf16"},
+      {"--model", model, "--data", data, "--lora-rank", "2", "--dtype", "f32"}};
+  for (const auto& how : runs) {
+    SCOPED_TRACE(how[1]);
+    const RunResult host = run(tier_quick(how));
+    ASSERT_EQ(host.rc, 0) << host.err;
+    std::vector<std::string> dev_args = how;
+    for (const char* a : {"--device", "cpu", "--device-memory", "8MiB", "--placement", "device"}) {
+      dev_args.push_back(a);
+    }
+    const RunResult dev = run(tier_quick(dev_args));
+    ASSERT_EQ(dev.rc, 0) << dev.err;
+    EXPECT_EQ(last_json_line(host.out).at("losses"), last_json_line(dev.out).at("losses"));
+    EXPECT_GT(last_json_line(dev.out).at("device_calls").get<int64_t>(), 0);
+  }
 }
 
 TEST_F(CliTrainTier, PlacementHostKeepsEveryExpertOnTheHost) {
