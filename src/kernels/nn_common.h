@@ -2,6 +2,7 @@
 // Internal to the non-GEMM kernels: input validation and the scalar formulas
 // that the ref:: and cpu:: twins share, so both reject the same inputs with
 // the same messages and elementwise ops round identically in both.
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -168,6 +169,25 @@ template <class A>
 inline A silu_grad(A x) {
   A s = A(1) / (A(1) + exp_acc(-x));
   return s * (A(1) + x * (A(1) - s));
+}
+
+// GPT-OSS's clamped GLU of one (gate, up) pair, as GptOssExperts._apply_gate:
+//   g = min(gate, limit), u = clamp(up, -limit, limit), a = (u + 1) g sigmoid(alpha g)
+// with sigmoid on exp_acc (no libm call in f32 runs, so the loops vectorize).
+template <class A>
+inline A gpt_oss_glu(A gate, A up, A alpha, A limit) {
+  const A g = std::min(gate, limit), u = std::clamp(up, -limit, limit);
+  return (u + A(1)) * (g * (A(1) / (A(1) + exp_acc(-(alpha * g)))));
+}
+// Its gradients from da: the clamps pass none where they clipped.
+template <class A>
+inline void gpt_oss_glu_grad(A gate, A up, A alpha, A limit, A da, A& dgate, A& dup) {
+  const A g = std::min(gate, limit), u = std::clamp(up, -limit, limit);
+  const A sig = A(1) / (A(1) + exp_acc(-(alpha * g)));
+  const A glu = g * sig;
+  const A dglu = sig + g * alpha * sig * (A(1) - sig);
+  dgate = gate <= limit ? da * (u + A(1)) * dglu : A(0);
+  dup = up >= -limit && up <= limit ? da * glu : A(0);
 }
 
 // One row of SwiGLU, a[f] = silu(g[f]) * u[f] rounded once: the loop every

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <vector>
 
+// The clamped GLU's element math, shared with the grouped kernels' epilogue
+// (kernels/cpu/grouped_matmul.cpp) so the two give the same bits.
+#include "../kernels/nn_common.h"
+
 namespace tiermoe {
 
 namespace {
@@ -19,11 +23,6 @@ template <class A>
 void add_score(Tensor& s, int64_t m, A v) {
   if (s.dtype() == DType::f64) s.data<double>()[m] += double(v);
   else s.data<float>()[m] += float(v);
-}
-
-template <class A>
-A sigmoid(A x) {
-  return A(1) / (A(1) + std::exp(-x));
 }
 
 // Accumulating acc-dtype buffers (grads): f32 for bf16 runs.
@@ -49,10 +48,8 @@ void gpt_oss_glu_forward(Tensor& a_MF, const Tensor& h_M2F, const GptOssActivati
     T* a = a_MF.data<T>();
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t f = 0; f < F; ++f) {
-        A gate = std::min(load<T>(h[m * 2 * F + 2 * f]), limit);
-        A up = std::clamp(load<T>(h[m * 2 * F + 2 * f + 1]), -limit, limit);
-        A glu = gate * sigmoid(alpha * gate);
-        a[m * F + f] = store<T>((up + A(1)) * glu);
+        a[m * F + f] = store<T>(nn_detail::gpt_oss_glu(
+            load<T>(h[m * 2 * F + 2 * f]), load<T>(h[m * 2 * F + 2 * f + 1]), alpha, limit));
       }
     }
   });
@@ -71,15 +68,10 @@ void gpt_oss_glu_backward(Tensor& dh_M2F, const Tensor& da_MF, const Tensor& h_M
     T* dh = dh_M2F.data<T>();
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t f = 0; f < F; ++f) {
-        A g_raw = load<T>(h[m * 2 * F + 2 * f]), u_raw = load<T>(h[m * 2 * F + 2 * f + 1]);
-        A gate = std::min(g_raw, limit);
-        A up = std::clamp(u_raw, -limit, limit);
-        A sig = sigmoid(alpha * gate);
-        A glu = gate * sig;
-        A dglu = sig + gate * alpha * sig * (A(1) - sig);
-        A g = load<T>(da[m * F + f]);
-        A dgate = g_raw <= limit ? g * (up + A(1)) * dglu : A(0);
-        A dup = (u_raw >= -limit && u_raw <= limit) ? g * glu : A(0);
+        A dgate, dup;
+        nn_detail::gpt_oss_glu_grad(load<T>(h[m * 2 * F + 2 * f]),
+                                    load<T>(h[m * 2 * F + 2 * f + 1]), alpha, limit,
+                                    load<T>(da[m * F + f]), dgate, dup);
         dh[m * 2 * F + 2 * f] = store<T>(dgate);
         dh[m * 2 * F + 2 * f + 1] = store<T>(dup);
       }

@@ -332,10 +332,7 @@ void glu_item(const void* ctx, int64_t i0, int64_t j0, int64_t rows, int64_t col
         const T gh = h_value<T>(s[2 * f], b, col), uh = h_value<T>(s[2 * f + 1], b, col + 1);
         h[col] = gh;
         h[col + 1] = uh;
-        const float gate = std::min(load<T>(gh), limit);
-        const float up = std::clamp(load<T>(uh), -limit, limit);
-        const float glu = gate * (1.f / (1.f + std::exp(-(alpha * gate))));
-        a[f0 + f] = store<T>((up + 1.f) * glu);
+        a[f0 + f] = store<T>(nn_detail::gpt_oss_glu(load<T>(gh), load<T>(uh), alpha, limit));
       }
     }
     if (as) {
