@@ -2,6 +2,7 @@
 // Internal to the attention kernels: the checks of AttentionOptions and what
 // they mean for one query row (kernels/attention.h, "Options"): the first
 // key it sees and its sink logit.
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -41,6 +42,9 @@ inline void check_attention_options(const AttentionOptions& opt, const Attention
   check_doc_starts(opt.doc_start_BT, d.B, d.T, op);
   TIERMOE_CHECK(opt.window >= 0, detail::str_of("sliding window ", opt.window), std::string(op),
                 "a window is a positive number of keys, or 0 for none");
+  TIERMOE_CHECK(std::isfinite(opt.scale) && opt.scale >= 0,
+                detail::str_of("score scale ", opt.scale), std::string(op),
+                "a positive scale, or 0 for P^-0.5");
   if (opt.sinks_H) {
     check_shape_is(*opt.sinks_H, {d.Hq}, "sinks_H", op);
     check_dtype_is(*opt.sinks_H, dt, "sinks_H", op, "sinks are in the attention's dtype");
@@ -64,6 +68,11 @@ inline void check_dsinks(const Tensor* dsinks_H, const AttentionOptions& opt,
 inline int64_t first_key(const AttentionOptions& opt, int64_t b, int64_t T, int64_t i) {
   const int64_t doc = opt.doc_start_BT.empty() ? 0 : opt.doc_start_BT[size_t(b * T + i)];
   return opt.window > 0 ? std::max(doc, i - opt.window + 1) : doc;
+}
+
+// The scale on q . k: the option's, else P^-0.5.
+inline double score_scale(const AttentionOptions& opt, const AttentionDims& d) {
+  return opt.scale != 0 ? opt.scale : 1.0 / std::sqrt(double(d.P));
 }
 
 // Head h's sink logit, -inf without sinks (exp(-inf) = 0 adds nothing).

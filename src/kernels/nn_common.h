@@ -364,29 +364,37 @@ inline int64_t check_cross_entropy(const Tensor& logits_NV, std::span<const int3
 }
 
 struct AttentionDims {
-  int64_t B, T, Hq, Hkv, P;
+  int64_t B, T, Hq, Hkv, P;  // P: the q.k head dim
+  int64_t Pv;                // the v (and output) head dim: P, or MLA's narrower one
   int64_t group() const { return Hq / Hkv; }
 };
-// q [B, T, Hq, P], k and v [B, T, Hkv, P], lse_BTH [B, T, Hq] (acc dtype).
+// q [B, T, Hq, P], k [B, T, Hkv, P], v [B, T, Hkv, Pv], lse_BTH [B, T, Hq] (acc dtype).
 inline AttentionDims check_attention(const Tensor& q, const Tensor& k, const Tensor& v,
                                      const Tensor& lse_BTH, std::string_view op) {
   check_rank(q, 4, "q", op, "[B, T, Hq, P]");
   check_rank(k, 4, "k", op, "[B, T, Hkv, P]");
-  AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3)};
+  check_rank(v, 4, "v", op, "[B, T, Hkv, Pv]");
+  AttentionDims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), v.size(3)};
   TIERMOE_CHECK(k.size(0) == d.B && k.size(1) == d.T && k.size(3) == d.P,
                 "k " + k.str() + " does not match q " + q.str(), std::string(op),
-                "k and v are [B, T, Hkv, P] with q's B, T and P");
-  TIERMOE_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0 && d.P > 0,
+                "k is [B, T, Hkv, P] with q's B, T and P");
+  TIERMOE_CHECK(d.Hkv > 0 && d.Hq % d.Hkv == 0 && d.P > 0 && d.Pv > 0,
                 "query heads " + std::to_string(d.Hq) + " are not a multiple of kv heads " +
-                    std::to_string(d.Hkv) + " (or the head dim is 0)",
+                    std::to_string(d.Hkv) + " (or a head dim is 0)",
                 std::string(op), "grouped-query attention needs Hq = g * Hkv");
   check_same_dtype_as(k, q, "k", "q", op);
-  check_same_shape_as(v, k, "v", "k", op);
+  check_shape_is(v, {d.B, d.T, d.Hkv, d.Pv}, "v", op);
   check_same_dtype_as(v, q, "v", "q", op);
   check_shape_is(lse_BTH, {d.B, d.T, d.Hq}, "lse_BTH", op);
   check_dtype_is(lse_BTH, acc_dtype(q.dtype()), "lse_BTH", op,
                  "attention statistics are f32 (f64 in f64 runs)");
   return d;
+}
+// out, dout [B, T, Hq, Pv] in q's dtype.
+inline void check_attention_out(const Tensor& t, const AttentionDims& d, const Tensor& q,
+                                const char* name, std::string_view op) {
+  check_shape_is(t, {d.B, d.T, d.Hq, d.Pv}, name, op);
+  check_same_dtype_as(t, q, name, "q", op);
 }
 
 }  // namespace tiermoe::nn_detail

@@ -2,7 +2,8 @@
 // Causal grouped-query attention, the scaled dot-product part (Hugging Face
 // eager_attention_forward semantics); ref:: and cpu:: twins.
 //
-//   q, out  [B, T, Hq, P]     k, v  [B, T, Hkv, P]     Hq a multiple of Hkv
+//   q [B, T, Hq, P]   k [B, T, Hkv, P]   v [B, T, Hkv, Pv]   out [B, T, Hq, Pv]
+//   (Pv = P except for MLA, below); Hq a multiple of Hkv
 //   query head h reads kv head h / (Hq / Hkv)           (repeat_kv)
 //   s_ij  = cast(cast(q_i . k_j) * P^-0.5)              j <= i (causal)
 //   p_ij  = cast(softmax_j(s_ij))                       softmax in f32
@@ -50,6 +51,11 @@
 //   exp(sink_h)) and the probabilities of the keys sum to less than one. Its
 //   gradient, dsink_h = -sum_{b,i} exp(sink_h - lse_i) D_i, is added to
 //   dsinks_H (grad dtype: f32, f64 in f64 runs) when backward is given one.
+// scale  the factor on q . k in place of P^-0.5 (DeepSeek-V3's MLA: YaRN's
+//   mscale^2 over the square root of its q.k head dim).
+//
+// v may be narrower or wider than q and k (MLA's split heads): v [B, T, Hkv,
+// Pv] and out, dout [B, T, Hq, Pv] with Pv its own; q, k keep P.
 #include <cstdint>
 #include <span>
 
@@ -61,6 +67,7 @@ struct AttentionOptions {
   std::span<const int32_t> doc_start_BT;
   int64_t window = 0;
   const Tensor* sinks_H = nullptr;
+  double scale = 0;  // the scores' scale; 0: P^-0.5
 };
 
 #define TIERMOE_ATTENTION_DECLS                                                                    \

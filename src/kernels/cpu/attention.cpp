@@ -30,7 +30,8 @@
 // only skips more blocks. A learned sink is the start value of the running
 // max and sum (m = sink, l = 1), so lse includes it and the backward's p and
 // ds need nothing else; its gradient comes from lse and D per row. The q.k
-// and v head dims are kept apart (Pk, Pv) for MLA's split heads.
+// and v head dims are kept apart (Pk, Pv: MLA's split heads), and the
+// scores' scale is the options' (MLA's mscale).
 //
 // Every output element is written by one task (the partial sums by one task
 // each, added in a fixed order), and a task's work does not depend on the
@@ -95,13 +96,13 @@ Flash plan(const AttentionDims& d, DType dt, const AttentionOptions& opt) {
   f.uk = &gemm::microkernel(cpu_isa(), dt);
   const gemm::Microkernel& uk = *f.uk;
   f.dt = dt;
-  f.B = d.B, f.T = d.T, f.Hq = d.Hq, f.Hkv = d.Hkv, f.Pk = d.P, f.Pv = d.P;
+  f.B = d.B, f.T = d.T, f.Hq = d.Hq, f.Hkv = d.Hkv, f.Pk = d.P, f.Pv = d.Pv;
   f.blk = round_up(128, std::lcm<int64_t>(uk.nr, uk.k_step));
   f.rows = round_up(f.blk, uk.mr);
   f.Pk_k = round_up(f.Pk, uk.k_step), f.Pv_k = round_up(f.Pv, uk.k_step);
   f.Pk_n = round_up(f.Pk, uk.nr), f.Pv_n = round_up(f.Pv, uk.nr);
   f.T_k = round_up(f.T, uk.k_step);
-  f.scale = float(1.0 / std::sqrt(double(f.Pk)));
+  f.scale = float(score_scale(opt, d));
   f.opt = opt;
   return f;
 }
@@ -501,14 +502,14 @@ int64_t backward_kv_pack_bytes(const Flash& f) {
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t P,
                                         DType dt) {
   if (dt == DType::f64 || cpu_isa() == CpuIsa::onednn || B * T * Hq == 0) return 0;
-  const Flash f = plan({B, T, Hq, Hkv, P}, dt, {});
+  const Flash f = plan({B, T, Hq, Hkv, P, P}, dt, {});
   return size_t(backward_kv_pack_bytes(f)) + size_t(B * Hq * T * 2 * P) * 4;
 }
 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
                        const Tensor& v, const AttentionOptions& opt) {
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
-  check_elementwise(out, "out", q, "q", "attention_forward");
+  check_attention_out(out, d, q, "out", "attention_forward");
   check_attention_options(opt, d, q.dtype(), "attention_forward");
   if (q.dtype() == DType::f64 || cpu_isa() == CpuIsa::onednn) {
     attention_rows_forward(out, lse_BTH, q, k, v, opt);
@@ -526,8 +527,8 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   check_attention_options(opt, d, q.dtype(), "attention_backward");
   check_dsinks(dsinks_H, opt, d, q.dtype(), "attention_backward");
-  check_elementwise(dout, "dout", q, "q", "attention_backward");
-  check_elementwise(out, "out", q, "q", "attention_backward");
+  check_attention_out(dout, d, q, "dout", "attention_backward");
+  check_attention_out(out, d, q, "out", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
   check_elementwise(dk, "dk", k, "k", "attention_backward");
   check_elementwise(dv, "dv", v, "v", "attention_backward");

@@ -95,21 +95,21 @@ void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    const A scale = A(1.0 / std::sqrt(double(d.P)));
-    const int64_t P = d.P, Tn = d.T;
+    const A scale = A(score_scale(opt, d));
+    const int64_t P = d.P, Pv = d.Pv, Tn = d.T;
     std::vector<A> kT = pack_head_major<T>(k, d.B, Tn, d.Hkv, P, /*transpose=*/true);
-    std::vector<A> vp = pack_head_major<T>(v, d.B, Tn, d.Hkv, P);
+    std::vector<A> vp = pack_head_major<T>(v, d.B, Tn, d.Hkv, Pv);
     const T* qs = q.data<T>();
     T* outs = out.data<T>();
     A* lses = lse_BTH.data<A>();
     int64_t blocks = (Tn + kRowBlock - 1) / kRowBlock;
     parallel_for(d.B * d.Hq * blocks, task_grain(Tn, P), [&](int64_t begin, int64_t end) {
-      std::vector<A> qi(static_cast<size_t>(P)), o(static_cast<size_t>(P));
+      std::vector<A> qi(static_cast<size_t>(P)), o(static_cast<size_t>(Pv));
       std::vector<A> s(static_cast<size_t>(Tn));
       for (int64_t task = begin; task < end; ++task) {
         int64_t b = task / (d.Hq * blocks), h = task / blocks % d.Hq, blk = task % blocks;
         const A* kTh = kT.data() + (b * d.Hkv + h / d.group()) * P * Tn;
-        const A* vh = vp.data() + (b * d.Hkv + h / d.group()) * Tn * P;
+        const A* vh = vp.data() + (b * d.Hkv + h / d.group()) * Tn * Pv;
         for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
           int64_t at = (b * Tn + i) * d.Hq + h;
           for (int64_t c = 0; c < P; ++c) qi[size_t(c)] = load(qs[at * P + c]);
@@ -129,9 +129,9 @@ void attention_rows_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const
           lses[at] = m + std::log(sum);
           std::fill(o.begin(), o.end(), A(0));
           for (int64_t j = 0; j < n; ++j) {
-            axpy(o.data(), A(round_to<T>(s[size_t(j)] / sum)), vh + (j0 + j) * P, P);
+            axpy(o.data(), A(round_to<T>(s[size_t(j)] / sum)), vh + (j0 + j) * Pv, Pv);
           }
-          for (int64_t c = 0; c < P; ++c) outs[at * P + c] = store<T>(o[size_t(c)]);
+          for (int64_t c = 0; c < Pv; ++c) outs[at * Pv + c] = store<T>(o[size_t(c)]);
         }
       }
     });
@@ -145,13 +145,13 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
   const AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    const A scale = A(1.0 / std::sqrt(double(d.P)));
-    const int64_t P = d.P, Tn = d.T, g = d.group();
+    const A scale = A(score_scale(opt, d));
+    const int64_t P = d.P, Pv = d.Pv, Tn = d.T, g = d.group();
     std::vector<A> qp = pack_head_major<T>(q, d.B, Tn, d.Hq, P);
-    std::vector<A> dop = pack_head_major<T>(dout, d.B, Tn, d.Hq, P);
+    std::vector<A> dop = pack_head_major<T>(dout, d.B, Tn, d.Hq, Pv);
     std::vector<A> kp = pack_head_major<T>(k, d.B, Tn, d.Hkv, P);
     std::vector<A> kT = pack_head_major<T>(k, d.B, Tn, d.Hkv, P, /*transpose=*/true);
-    std::vector<A> vT = pack_head_major<T>(v, d.B, Tn, d.Hkv, P, /*transpose=*/true);
+    std::vector<A> vT = pack_head_major<T>(v, d.B, Tn, d.Hkv, Pv, /*transpose=*/true);
     // lse and D head-major too: [B, Hq, T].
     std::vector<A> lse(static_cast<size_t>(d.B * d.Hq * Tn)), D(lse.size());
     for (int64_t b = 0; b < d.B; ++b)
@@ -170,15 +170,15 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
         int64_t bh = b * d.Hq + h, bkv = b * d.Hkv + h / g;
         const A* kh = kp.data() + bkv * Tn * P;
         const A* kTh = kT.data() + bkv * P * Tn;
-        const A* vTh = vT.data() + bkv * P * Tn;
+        const A* vTh = vT.data() + bkv * Pv * Tn;
         for (int64_t i = blk * kRowBlock; i < std::min(Tn, (blk + 1) * kRowBlock); ++i) {
           const A* qi = qp.data() + (bh * Tn + i) * P;
-          const A* doi = dop.data() + (bh * Tn + i) * P;
+          const A* doi = dop.data() + (bh * Tn + i) * Pv;
           A lse_i = lse[size_t(bh * Tn + i)];
           const int64_t j0 = first_key(opt, b, Tn, i), n = i + 1 - j0;
           dot_run(p.data(), qi, kTh, P, Tn, j0, i + 1);
           to_scores<T>(p.data(), n, scale);
-          dot_run(dp.data(), doi, vTh, P, Tn, j0, i + 1);
+          dot_run(dp.data(), doi, vTh, Pv, Tn, j0, i + 1);
           A sum_p_dp = 0;
           for (int64_t j = 0; j < n; ++j) {
             p[size_t(j)] = std::exp(p[size_t(j)] - lse_i);
@@ -214,14 +214,15 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
     T* dks = dk.data<T>();
     T* dvs = dv.data<T>();
     parallel_for(d.B * d.Hkv * blocks, task_grain(Tn, P), [&](int64_t begin, int64_t end) {
-      std::vector<A> gk(static_cast<size_t>(kRowBlock * P)), gv(gk.size());
+      std::vector<A> gk(static_cast<size_t>(kRowBlock * P)),
+          gv(static_cast<size_t>(kRowBlock * Pv));
       std::vector<A> s(static_cast<size_t>(kRowBlock)), dp(s.size());
       for (int64_t task = begin; task < end; ++task) {
         int64_t b = task / (d.Hkv * blocks), kvh = task / blocks % d.Hkv, blk = task % blocks;
         int64_t bkv = b * d.Hkv + kvh;
         int64_t j0 = blk * kRowBlock, j1 = std::min(Tn, j0 + kRowBlock);
         const A* kTh = kT.data() + bkv * P * Tn;
-        const A* vTh = vT.data() + bkv * P * Tn;
+        const A* vTh = vT.data() + bkv * Pv * Tn;
         std::fill(gk.begin(), gk.end(), A(0));
         std::fill(gv.begin(), gv.end(), A(0));
         for (int64_t h = kvh * g; h < (kvh + 1) * g; ++h) {
@@ -232,27 +233,29 @@ void attention_rows_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& d
             const int64_t first = first_key(opt, b, Tn, i);
             if (first >= j1) break;
             const A* qi = qp.data() + (bh * Tn + i) * P;
-            const A* doi = dop.data() + (bh * Tn + i) * P;
+            const A* doi = dop.data() + (bh * Tn + i) * Pv;
             A lse_i = lse[size_t(bh * Tn + i)], D_i = D[size_t(bh * Tn + i)];
             const int64_t j_lo = std::max(j0, first);
             const int64_t j_end = std::min(j1, i + 1);  // causal: keys up to i
             if (j_lo >= j_end) continue;
             dot_run(s.data(), qi, kTh, P, Tn, j_lo, j_end);
             to_scores<T>(s.data(), j_end - j_lo, scale);
-            dot_run(dp.data(), doi, vTh, P, Tn, j_lo, j_end);
+            dot_run(dp.data(), doi, vTh, Pv, Tn, j_lo, j_end);
             for (int64_t j = j_lo; j < j_end; ++j) {
               A p = std::exp(s[size_t(j - j_lo)] - lse_i);
               A ds = p * (dp[size_t(j - j_lo)] - D_i) * scale;
               axpy(gk.data() + (j - j0) * P, ds, qi, P);
-              axpy(gv.data() + (j - j0) * P, A(round_to<T>(p)), doi, P);
+              axpy(gv.data() + (j - j0) * Pv, A(round_to<T>(p)), doi, Pv);
             }
           }
         }
         for (int64_t j = j0; j < j1; ++j) {
-          int64_t at = ((b * Tn + j) * d.Hkv + kvh) * P;
-          for (int64_t c = 0; c < P; ++c) {
+          const int64_t at = ((b * Tn + j) * d.Hkv + kvh) * P;
+          const int64_t vat = ((b * Tn + j) * d.Hkv + kvh) * Pv;
+          for (int64_t c = 0; c < P; ++c)
             put(dks[at + c], gk[size_t((j - j0) * P + c)], accumulate);
-            put(dvs[at + c], gv[size_t((j - j0) * P + c)], accumulate);
+          for (int64_t c = 0; c < Pv; ++c) {
+            put(dvs[vat + c], gv[size_t((j - j0) * Pv + c)], accumulate);
           }
         }
       }

@@ -25,9 +25,8 @@ struct ScoreRow {
 
 template <class T>
 ScoreRow<T> score_row(const Tensor& q, const Tensor& k, const AttentionDims& d, int64_t b,
-                      int64_t i, int64_t h, int64_t j0, acc_t<T> sink) {
+                      int64_t i, int64_t h, int64_t j0, acc_t<T> sink, acc_t<T> scale) {
   using A = acc_t<T>;
-  const A scale = A(1.0 / std::sqrt(double(d.P)));
   const T* qi = q.data<T>() + ((b * d.T + i) * d.Hq + h) * d.P;
   ScoreRow<T> row{std::vector<A>(static_cast<size_t>(i + 1)), A(-INFINITY), A(0)};
   for (int64_t j = j0; j <= i; ++j) {
@@ -48,25 +47,26 @@ ScoreRow<T> score_row(const Tensor& q, const Tensor& k, const AttentionDims& d, 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
                        const Tensor& v, const AttentionOptions& opt) {
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_forward");
-  check_elementwise(out, "out", q, "q", "attention_forward");
+  check_attention_out(out, d, q, "out", "attention_forward");
   check_attention_options(opt, d, q.dtype(), "attention_forward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    std::vector<A> o(static_cast<size_t>(d.P));
+    const A scale = A(score_scale(opt, d));
+    std::vector<A> o(static_cast<size_t>(d.Pv));
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t i = 0; i < d.T; ++i) {
         for (int64_t h = 0; h < d.Hq; ++h) {
           const int64_t j0 = first_key(opt, b, d.T, i);
-          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0, sink_logit<A>(opt, h));
+          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0, sink_logit<A>(opt, h), scale);
           lse_BTH.data<A>()[(b * d.T + i) * d.Hq + h] = row.max + std::log(row.sum);
           std::fill(o.begin(), o.end(), A(0));
           for (int64_t j = j0; j <= i; ++j) {
             A p = round_to<T>(std::exp(row.s[size_t(j)] - row.max) / row.sum);
-            const T* vj = v.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
-            for (int64_t c = 0; c < d.P; ++c) o[size_t(c)] += p * load(vj[c]);
+            const T* vj = v.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.Pv;
+            for (int64_t c = 0; c < d.Pv; ++c) o[size_t(c)] += p * load(vj[c]);
           }
-          T* oi = out.data<T>() + ((b * d.T + i) * d.Hq + h) * d.P;
-          for (int64_t c = 0; c < d.P; ++c) oi[c] = store<T>(o[size_t(c)]);
+          T* oi = out.data<T>() + ((b * d.T + i) * d.Hq + h) * d.Pv;
+          for (int64_t c = 0; c < d.Pv; ++c) oi[c] = store<T>(o[size_t(c)]);
         }
       }
     }
@@ -82,14 +82,14 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
   AttentionDims d = check_attention(q, k, v, lse_BTH, "attention_backward");
   check_attention_options(opt, d, q.dtype(), "attention_backward");
   check_dsinks(dsinks_H, opt, d, q.dtype(), "attention_backward");
-  check_elementwise(dout, "dout", q, "q", "attention_backward");
-  check_elementwise(out, "out", q, "q", "attention_backward");
+  check_attention_out(dout, d, q, "dout", "attention_backward");
+  check_attention_out(out, d, q, "out", "attention_backward");
   check_elementwise(dq, "dq", q, "q", "attention_backward");
   check_elementwise(dk, "dk", k, "k", "attention_backward");
   check_elementwise(dv, "dv", v, "v", "attention_backward");
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
-    const A scale = A(1.0 / std::sqrt(double(d.P)));
+    const A scale = A(score_scale(opt, d));
     std::vector<A> gq(size_t(q.numel()), A(0)), gk(size_t(k.numel()), A(0)),
         gv(size_t(v.numel()), A(0)), gsink(size_t(d.Hq), A(0));
     for (int64_t b = 0; b < d.B; ++b) {
@@ -97,17 +97,17 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
         for (int64_t h = 0; h < d.Hq; ++h) {
           const int64_t j0 = first_key(opt, b, d.T, i);
           const A sink = sink_logit<A>(opt, h);
-          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0, sink);
-          int64_t qi_at = ((b * d.T + i) * d.Hq + h) * d.P;
+          ScoreRow<T> row = score_row<T>(q, k, d, b, i, h, j0, sink, scale);
+          const int64_t qi_at = ((b * d.T + i) * d.Hq + h) * d.P;
           const T* qi = q.data<T>() + qi_at;
-          const T* doi = dout.data<T>() + qi_at;
+          const T* doi = dout.data<T>() + ((b * d.T + i) * d.Hq + h) * d.Pv;
           std::vector<A> p(size_t(i + 1)), dp(size_t(i + 1));
           A sum_p_dp = 0;
           for (int64_t j = j0; j <= i; ++j) {
-            const T* vj = v.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.P;
+            const T* vj = v.data<T>() + ((b * d.T + j) * d.Hkv + h / d.group()) * d.Pv;
             p[size_t(j)] = std::exp(row.s[size_t(j)] - row.max) / row.sum;
             A dot = 0;
-            for (int64_t c = 0; c < d.P; ++c) dot += load(doi[c]) * load(vj[c]);
+            for (int64_t c = 0; c < d.Pv; ++c) dot += load(doi[c]) * load(vj[c]);
             dp[size_t(j)] = dot;
             sum_p_dp += p[size_t(j)] * dot;
           }
@@ -121,8 +121,9 @@ void attention_backward(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& dout, 
             for (int64_t c = 0; c < d.P; ++c) {
               gq[size_t(qi_at + c)] += ds * load(kj[c]);
               gk[size_t(kj_at + c)] += ds * load(qi[c]);
-              gv[size_t(kj_at + c)] += p_cast * load(doi[c]);
             }
+            const int64_t vj_at = ((b * d.T + j) * d.Hkv + h / d.group()) * d.Pv;
+            for (int64_t c = 0; c < d.Pv; ++c) gv[size_t(vj_at + c)] += p_cast * load(doi[c]);
           }
         }
       }
