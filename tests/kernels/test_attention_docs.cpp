@@ -1,7 +1,7 @@
-// Attention over packed documents (kernels/attention.h *_docs): a packed row
-// equals each document run as its own sequence, cpu:: matches ref::, the
-// backward matches f64 finite differences, attention across a boundary is
-// caught, and a malformed layout is refused.
+// Attention over packed documents (kernels/attention.h, the doc_start_BT
+// option): a packed row equals each document run as its own sequence, cpu::
+// matches ref::, the backward matches f64 finite differences, attention
+// across a boundary is caught, and a malformed layout is refused.
 #include <gtest/gtest.h>
 
 #include <cstring>
