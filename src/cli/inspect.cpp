@@ -201,12 +201,18 @@ void print_text(const Report& r, bool summary) {
   if (r.config) {
     const ModelConfig& c = *r.config;
     const ParamCounts n = param_counts(c);
-    os << "config: " << c.model_type << ", " << c.num_hidden_layers << " layers (MoE layers: "
-       << moe_layer_list(c) << "), vocab " << c.vocab_size << ", D " << c.hidden_size
-       << ", heads " << c.num_attention_heads << " q / " << c.num_key_value_heads
-       << " kv x head_dim " << c.head_dim << ", E " << c.num_experts << ", K "
-       << c.num_experts_per_tok << (c.renormalize_topk() ? " (renormalised)" : "") << ", F "
-       << c.moe_intermediate_size;
+    os << "config: " << c.model_type << ", " << c.num_hidden_layers
+       << " layers (MoE layers: " << moe_layer_list(c) << "), vocab " << c.vocab_size << ", D "
+       << c.hidden_size << ", heads " << c.num_attention_heads;
+    if (c.mla()) {
+      os << " of latent attention (q latent " << c.q_lora_rank << ", kv latent " << c.kv_lora_rank
+         << ", q/k head " << c.qk_nope_head_dim << " + " << c.qk_rope_head_dim << " rope, v head "
+         << c.v_head_dim << ")";
+    } else {
+      os << " q / " << c.num_key_value_heads << " kv x head_dim " << c.head_dim;
+    }
+    os << ", E " << c.num_experts << ", K " << c.num_experts_per_tok
+       << (c.renormalize_topk() ? " (renormalised)" : "") << ", F " << c.moe_intermediate_size;
     if (c.num_moe_layers() < c.num_hidden_layers) os << ", dense I " << c.intermediate_size;
     os << ", " << c.torch_dtype << (c.tie_word_embeddings ? ", tied embeddings" : "") << "\n";
     os << "parameters: total " << with_commas(n.total) << " (" << human_count(n.total)
@@ -290,6 +296,13 @@ void print_json(const Report& r, bool summary) {
                    {"renormalize_topk", c.renormalize_topk()},
                    {"tie_word_embeddings", c.tie_word_embeddings},
                    {"torch_dtype", c.torch_dtype}};
+    if (c.mla()) {
+      j["config"]["q_lora_rank"] = c.q_lora_rank;
+      j["config"]["kv_lora_rank"] = c.kv_lora_rank;
+      j["config"]["qk_nope_head_dim"] = c.qk_nope_head_dim;
+      j["config"]["qk_rope_head_dim"] = c.qk_rope_head_dim;
+      j["config"]["v_head_dim"] = c.v_head_dim;
+    }
     const ParamCounts n = param_counts(c);
     j["params"] = {{"total", n.total},
                    {"per_expert", n.per_expert},

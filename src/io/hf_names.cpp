@@ -21,15 +21,11 @@ MoeNames moe_names(ModelFamily family) {
   return {"mlp", "gate_proj", "up_proj", "down_proj"};
 }
 
-void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
+// Grouped-query attention's tensors (model/attention_block.h).
+template <class Add>
+void add_gqa_attention(const Add& add, const ModelConfig& c) {
   const int64_t D = c.hidden_size, P = c.head_dim, H = c.num_attention_heads;
   const int64_t Hkv = c.num_key_value_heads;
-  const std::string p = "model.layers." + std::to_string(l) + ".";
-  auto add = [&](std::string name, Shape shape, HfRole role, int64_t expert = -1) {
-    out.push_back({p + name, std::move(shape), role, l, expert});
-  };
-
-  add("input_layernorm.weight", {D}, HfRole::norm);
   add("self_attn.q_proj.weight", {H * P, D}, HfRole::attention);
   add("self_attn.k_proj.weight", {Hkv * P, D}, HfRole::attention);
   add("self_attn.v_proj.weight", {Hkv * P, D}, HfRole::attention);
@@ -51,6 +47,43 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
       add("self_attn.q_norm.weight", {H * P}, HfRole::norm);
       add("self_attn.k_norm.weight", {Hkv * P}, HfRole::norm);
       break;
+  }
+}
+
+// Multi-head latent attention's (model/mla_attention.h), in DeepseekV3Attention's order.
+template <class Add>
+void add_mla_attention(const Add& add, const ModelConfig& c) {
+  const int64_t D = c.hidden_size, H = c.num_attention_heads, Q = c.qk_head_dim();
+  const int64_t Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, Qr = c.qk_rope_head_dim;
+  if (Rq > 0) {
+    add("self_attn.q_a_proj.weight", {Rq, D}, HfRole::attention);
+    if (c.attention_bias) add("self_attn.q_a_proj.bias", {Rq}, HfRole::bias);
+    add("self_attn.q_a_layernorm.weight", {Rq}, HfRole::norm);
+    add("self_attn.q_b_proj.weight", {H * Q, Rq}, HfRole::attention);
+  } else {
+    add("self_attn.q_proj.weight", {H * Q, D}, HfRole::attention);
+  }
+  add("self_attn.kv_a_proj_with_mqa.weight", {Rkv + Qr, D}, HfRole::attention);
+  if (c.attention_bias) add("self_attn.kv_a_proj_with_mqa.bias", {Rkv + Qr}, HfRole::bias);
+  add("self_attn.kv_a_layernorm.weight", {Rkv}, HfRole::norm);
+  add("self_attn.kv_b_proj.weight", {H * (c.qk_nope_head_dim + c.v_head_dim), Rkv},
+      HfRole::attention);
+  add("self_attn.o_proj.weight", {D, H * c.v_head_dim}, HfRole::attention);
+  if (c.attention_bias) add("self_attn.o_proj.bias", {D}, HfRole::bias);
+}
+
+void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
+  const int64_t D = c.hidden_size;
+  const std::string p = "model.layers." + std::to_string(l) + ".";
+  auto add = [&](std::string name, Shape shape, HfRole role, int64_t expert = -1) {
+    out.push_back({p + name, std::move(shape), role, l, expert});
+  };
+
+  add("input_layernorm.weight", {D}, HfRole::norm);
+  if (c.mla()) {
+    add_mla_attention(add, c);
+  } else {
+    add_gqa_attention(add, c);
   }
   add("post_attention_layernorm.weight", {D}, HfRole::norm);
 

@@ -40,6 +40,7 @@ std::string_view family_name(ModelFamily family) {
     case ModelFamily::qwen2_moe: return "qwen2_moe";
     case ModelFamily::glm4_moe: return "glm4_moe";
     case ModelFamily::gpt_oss: return "gpt_oss";
+    case ModelFamily::deepseek_v3: return "deepseek_v3";
   }
   __builtin_unreachable();
 }
@@ -84,6 +85,7 @@ QkNorm ModelConfig::qk_norm() const {
     case ModelFamily::qwen2_moe: return QkNorm::none;
     case ModelFamily::glm4_moe: return use_qk_norm ? QkNorm::per_head : QkNorm::none;
     case ModelFamily::gpt_oss: return QkNorm::none;
+    case ModelFamily::deepseek_v3: return QkNorm::none;  // MLA norms its latents instead
   }
   __builtin_unreachable();
 }
@@ -112,8 +114,8 @@ void ModelConfig::validate(const std::string& where) const {
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
-  const bool moe_width_field = family == ModelFamily::qwen3_moe ||
-                               family == ModelFamily::qwen2_moe || family == ModelFamily::glm4_moe;
+  const bool moe_width_field =
+      family == ModelFamily::qwen3_moe || family == ModelFamily::qwen2_moe || sigmoid_router();
   positive(moe_width_field ? "moe_intermediate_size" : "intermediate_size", moe_intermediate_size);
   TIERMOE_CHECK(family != ModelFamily::qwen2_moe || shared_expert_intermediate_size > 0,
                 str_of("config field 'shared_expert_intermediate_size' must be positive, got ",
@@ -123,10 +125,10 @@ void ModelConfig::validate(const std::string& where) const {
   positive("num_attention_heads", num_attention_heads);
   positive("num_key_value_heads", num_key_value_heads);
   positive("head_dim", head_dim);
-  positive(family == ModelFamily::mixtral || gpt_oss() ? "num_local_experts"
-           : family == ModelFamily::glm4_moe           ? "n_routed_experts"
-                                                       : "num_experts",
-           num_experts);
+  const char* experts_field = family == ModelFamily::mixtral || gpt_oss() ? "num_local_experts"
+                              : sigmoid_router()                          ? "n_routed_experts"
+                                                                          : "num_experts";
+  positive(experts_field, num_experts);
   positive("num_experts_per_tok", num_experts_per_tok);
   positive("decoder_sparse_step", decoder_sparse_step);
   positive("max_position_embeddings", max_position_embeddings);
@@ -135,9 +137,6 @@ void ModelConfig::validate(const std::string& where) const {
                        "TierMoE's 32-bit token ids can name"),
                 where, "published vocabularies have under a million tokens; fix the value");
   // Bounded before anything loops over layers or lists per-expert tensors.
-  const char* experts_field = family == ModelFamily::mixtral || gpt_oss() ? "num_local_experts"
-                              : family == ModelFamily::glm4_moe           ? "n_routed_experts"
-                                                                          : "num_experts";
   TIERMOE_CHECK(num_hidden_layers <= kMaxLayers,
                 str_of("config field 'num_hidden_layers' is ", num_hidden_layers,
                        ", more than the ", kMaxLayers, " layers TierMoE accepts"),
@@ -236,6 +235,23 @@ void ModelConfig::validate(const std::string& where) const {
         where,
         "n_group must divide n_routed_experts into groups of 2 or more, topk_group "
         "<= n_group, and num_experts_per_tok fit in topk_group groups");
+  }
+  if (mla()) {
+    positive("kv_lora_rank", kv_lora_rank);
+    positive("qk_nope_head_dim", qk_nope_head_dim);
+    positive("qk_rope_head_dim", qk_rope_head_dim);
+    positive("v_head_dim", v_head_dim);
+    TIERMOE_CHECK(q_lora_rank >= 0, str_of("config field 'q_lora_rank' is ", q_lora_rank), where,
+                  "a positive rank, or null for q_proj straight from the hidden state");
+    TIERMOE_CHECK(head_dim == qk_rope_head_dim,
+                  str_of("head_dim ", head_dim, " is not qk_rope_head_dim ", qk_rope_head_dim),
+                  where, "under MLA head_dim is the rope width (transformers sets it so)");
+    TIERMOE_CHECK(num_key_value_heads == num_attention_heads,
+                  str_of("num_key_value_heads ", num_key_value_heads, " with ", num_attention_heads,
+                         " heads"),
+                  where,
+                  "multi-head latent attention expands k and v for every head: set "
+                  "num_key_value_heads to num_attention_heads (or null)");
   }
   if (gpt_oss()) {
     TIERMOE_CHECK(int64_t(layer_types.size()) == num_hidden_layers,
@@ -374,6 +390,28 @@ std::string ModelConfig::to_json() const {
       j["swiglu_alpha"] = swiglu_alpha;
       j["swiglu_limit"] = swiglu_limit;
       break;
+    case ModelFamily::deepseek_v3:
+      j["architectures"] = {"DeepseekV3ForCausalLM"};
+      j["intermediate_size"] = intermediate_size;
+      j["moe_intermediate_size"] = moe_intermediate_size;
+      j["n_routed_experts"] = num_experts;
+      j["n_shared_experts"] = shared_expert_intermediate_size / moe_intermediate_size;
+      j["routed_scaling_factor"] = routed_scaling_factor;
+      j["n_group"] = n_group;
+      j["topk_group"] = topk_group;
+      j["first_k_dense_replace"] = first_k_dense_replace;
+      j["norm_topk_prob"] = norm_topk_prob;
+      j["attention_bias"] = attention_bias;
+      j["num_nextn_predict_layers"] = num_nextn_predict_layers;
+      j["q_lora_rank"] = q_lora_rank > 0 ? Json(q_lora_rank) : Json(nullptr);
+      j["kv_lora_rank"] = kv_lora_rank;
+      j["qk_nope_head_dim"] = qk_nope_head_dim;
+      j["qk_rope_head_dim"] = qk_rope_head_dim;
+      j["v_head_dim"] = v_head_dim;
+      j["rope_interleave"] = rope_interleave;
+      j["topk_method"] = "noaux_tc";
+      j["scoring_func"] = "sigmoid";
+      break;
   }
   return j.dump(2) + "\n";
 }
@@ -403,6 +441,17 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
   int64_t attention = add({mul({D, H, P}), mul({2, D, Hkv, P}), mul({H, P, D})});  // q, k, v, o
   if (c.q_k_v_bias()) attention = add({attention, mul({H, P}), mul({2, Hkv, P})});
   if (c.attention_bias) attention = add({attention, D});
+  if (c.mla()) {  // q_a_proj + q_a_layernorm + q_b_proj (or q_proj), kv_a, its norm, kv_b, o
+    const int64_t Q = c.qk_head_dim(), Rq = c.q_lora_rank, Rkv = c.kv_lora_rank;
+    const int64_t q = Rq > 0 ? add({mul({D, Rq}), Rq, mul({Rq, H, Q})}) : mul({D, H, Q});
+    const int64_t kv_a = mul({D, add({Rkv, c.qk_rope_head_dim})});
+    attention = add({q, kv_a, Rkv, mul({Rkv, H, add({c.qk_nope_head_dim, c.v_head_dim})}),
+                     mul({H, c.v_head_dim, D})});
+    // attention_bias: on q_a_proj (not q_proj), kv_a_proj_with_mqa and o_proj.
+    if (c.attention_bias) {
+      attention = add({attention, Rq, add({Rkv, c.qk_rope_head_dim}), D});
+    }
+  }
   if (c.gpt_oss()) attention = add({attention, H});  // a sink logit per head
   switch (c.qk_norm()) {
     case QkNorm::none: break;

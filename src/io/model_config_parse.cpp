@@ -18,7 +18,7 @@ using Json = nlohmann::json;
 using detail::str_of;
 
 constexpr std::string_view kSupportedTypes =
-    "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, mixtral, olmoe";
+    "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, deepseek_v3 (kimi_k2), mixtral, olmoe";
 
 // Reads typed fields of one config.json, naming the file and field on error.
 // A JSON null counts as absent, as it does for transformers' optional fields.
@@ -123,6 +123,8 @@ ModelFamily parse_family(const std::string& type, const std::string& path) {
   if (type == "qwen2_moe") return ModelFamily::qwen2_moe;
   if (type == "glm4_moe") return ModelFamily::glm4_moe;
   if (type == "gpt_oss") return ModelFamily::gpt_oss;
+  // Kimi-K2 ships DeepSeek-V3's architecture under its own model_type.
+  if (type == "deepseek_v3" || type == "kimi_k2") return ModelFamily::deepseek_v3;
   throw Error(str_of("unsupported model_type '", type, "'"), path,
               str_of("TierMoE supports model_type ", kSupportedTypes));
 }
@@ -341,6 +343,21 @@ void parse_qwen2_moe(const FieldReader& f, ModelConfig& c) {
   c.pad_token_id = token_id(f, "pad_token_id", std::nullopt);
 }
 
+// num_nextn_predict_layers (transformers 5: num_mtp_layers), default 1.
+void parse_mtp_layers(const FieldReader& f, ModelConfig& c) {
+  auto mtp = f.opt_int("num_nextn_predict_layers"), mtp_v5 = f.opt_int("num_mtp_layers");
+  c.num_nextn_predict_layers = mtp ? *mtp : mtp_v5.value_or(1);
+}
+
+// The sigmoid router's shared experts: n_shared_experts of the expert width.
+void parse_shared_experts(const FieldReader& f, ModelConfig& c) {
+  const int64_t shared = f.get_int("n_shared_experts", 1);
+  if (shared < 0) {
+    f.fail(str_of("config field 'n_shared_experts' is ", shared), "use 0 or more shared experts");
+  }
+  c.shared_expert_intermediate_size = shared * c.moe_intermediate_size;
+}
+
 // Glm4MoeConfig: DeepSeek-V3's MoE (dense first layers, sigmoid group-limited
 // routing, ungated shared experts) under GQA with q/k/v bias (attention_bias:
 // o_proj has none), an optional per-head q/k norm and partial rotary RoPE.
@@ -356,11 +373,7 @@ void parse_glm4_moe(const FieldReader& f, ModelConfig& c) {
   parse_head_dim(f, c, true);
   c.num_experts = expert_count(f, "n_routed_experts", "num_local_experts", 128);
   c.num_experts_per_tok = f.get_int("num_experts_per_tok", 8);
-  const int64_t shared = f.get_int("n_shared_experts", 1);
-  if (shared < 0) {
-    f.fail(str_of("config field 'n_shared_experts' is ", shared), "use 0 or more shared experts");
-  }
-  c.shared_expert_intermediate_size = shared * c.moe_intermediate_size;
+  parse_shared_experts(f, c);
   c.routed_scaling_factor = f.get_double("routed_scaling_factor", 1.0);
   c.n_group = f.get_int("n_group", 1);
   c.topk_group = f.get_int("topk_group", 1);
@@ -376,8 +389,7 @@ void parse_glm4_moe(const FieldReader& f, ModelConfig& c) {
       c.partial_rotary_factor = *factor;
     }
   }
-  auto mtp = f.opt_int("num_nextn_predict_layers"), mtp_v5 = f.opt_int("num_mtp_layers");
-  c.num_nextn_predict_layers = mtp ? *mtp : mtp_v5.value_or(1);
+  parse_mtp_layers(f, c);
   c.rms_norm_eps = f.get_double("rms_norm_eps", 1e-5);
   // transformers' DeepSeek-V3 family adds no load-balancing loss to its loss
   // whatever output_router_logits says, so neither does TierMoE.
@@ -431,6 +443,64 @@ void parse_gpt_oss(const FieldReader& f, ModelConfig& c) {
   c.pad_token_id = token_id(f, "pad_token_id", std::nullopt);
 }
 
+// A value of a field DeepSeek's own configuration code reads (transformers
+// ignores it) that must be the one TierMoE implements.
+void require_string(const FieldReader& f, const char* key, const char* want) {
+  auto v = f.opt_string(key);
+  if (v && *v != want) {
+    f.fail(str_of("config field '", key, "' is '", *v, "'"),
+           str_of("DeepSeek-V3's architecture routes with ", key, " \"", want, "\""));
+  }
+}
+
+// DeepseekV3Config (and Kimi-K2's): GLM-4.5's MoE (dense first layers,
+// sigmoid group-limited routing, ungated shared experts) under multi-head
+// latent attention, with interleaved rope dims and YaRN's mscale on the
+// softmax scale.
+void parse_deepseek_v3(const FieldReader& f, ModelConfig& c) {
+  c.vocab_size = f.get_int("vocab_size", 129280);
+  c.hidden_size = f.get_int("hidden_size", 7168);
+  c.intermediate_size = f.get_int("intermediate_size", 18432);
+  c.moe_intermediate_size = f.get_int("moe_intermediate_size", 2048);
+  c.num_hidden_layers = f.get_int("num_hidden_layers", 61);
+  c.num_attention_heads = f.get_int("num_attention_heads", 128);
+  c.max_position_embeddings = f.get_int("max_position_embeddings", 4096);
+  parse_common(f, c, 128);
+  // MLA expands k and v for every head; DeepseekV3Attention never reads the field.
+  c.num_key_value_heads = c.num_attention_heads;
+  c.q_lora_rank = f.present("q_lora_rank") ? f.opt_int("q_lora_rank").value_or(0) : 1536;
+  c.kv_lora_rank = f.get_int("kv_lora_rank", 512);
+  c.qk_nope_head_dim = f.get_int("qk_nope_head_dim", 128);
+  c.qk_rope_head_dim = f.get_int("qk_rope_head_dim", 64);
+  c.v_head_dim = f.get_int("v_head_dim", 128);
+  c.head_dim = c.qk_rope_head_dim;  // as DeepseekV3Config sets it, whatever config.json says
+  c.rope_interleave = f.get_bool("rope_interleave", true);
+  c.attention_bias = f.get_bool("attention_bias", false);
+  c.num_experts = expert_count(f, "n_routed_experts", "num_local_experts", 256);
+  c.num_experts_per_tok = f.get_int("num_experts_per_tok", 8);
+  parse_shared_experts(f, c);
+  c.routed_scaling_factor = f.get_double("routed_scaling_factor", 2.5);
+  c.n_group = f.get_int("n_group", 8);
+  c.topk_group = f.get_int("topk_group", 4);
+  c.first_k_dense_replace = f.get_int("first_k_dense_replace", 3);
+  c.norm_topk_prob = f.get_bool("norm_topk_prob", true);
+  require_string(f, "topk_method", "noaux_tc");
+  require_string(f, "scoring_func", "sigmoid");
+  if (f.get_int("moe_layer_freq", 1) != 1) {
+    f.fail(str_of("config field 'moe_layer_freq' is ", f.get_int("moe_layer_freq", 1)),
+           "DeepSeek-V3's architecture makes every layer from first_k_dense_replace on MoE: "
+           "set moe_layer_freq to 1");
+  }
+  parse_rope(f, c, 10000.0);
+  parse_mtp_layers(f, c);
+  c.rms_norm_eps = f.get_double("rms_norm_eps", 1e-6);
+  c.output_router_logits = false;  // no load-balancing loss, as for GLM-4.5
+  c.bos_token_id = token_id(f, "bos_token_id", 0);
+  c.eos_token_id =
+      f.present("eos_token_id") ? f.int_or_int_list("eos_token_id") : std::vector<int64_t>{1};
+  c.pad_token_id = token_id(f, "pad_token_id", std::nullopt);
+}
+
 }  // namespace
 
 ModelConfig parse_model_config(std::string_view json_text, const std::string& path) {
@@ -457,6 +527,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
     case ModelFamily::qwen2_moe: parse_qwen2_moe(f, c); break;
     case ModelFamily::glm4_moe: parse_glm4_moe(f, c); break;
     case ModelFamily::gpt_oss: parse_gpt_oss(f, c); break;
+    case ModelFamily::deepseek_v3: parse_deepseek_v3(f, c); break;
   }
   if (const Json* q = f.object("quantization_config")) {
     c.quant_method = FieldReader(*q, path).opt_string("quant_method").value_or("");

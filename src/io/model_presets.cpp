@@ -1,5 +1,5 @@
 // The built-in model shapes of `init --preset`, `plan --preset` and the
-// benches: two small ones for tests and demos, and published configs.
+// benches: small ones for tests and demos, and published configs.
 #include <string>
 #include <vector>
 
@@ -11,9 +11,30 @@ namespace tiermoe {
 
 using detail::str_of;
 
+namespace {
+
+// What every DeepSeek-V3 preset shares: the family, its router, interleaved
+// rope dims and YaRN with mscale 1 (so the softmax scale grows with the factor).
+void deepseek_v3_pieces(ModelConfig& c) {
+  c.family = ModelFamily::deepseek_v3;
+  c.model_type = "deepseek_v3";
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5;
+  c.rope_interleave = true;
+  c.rope_scaling = {.kind = RopeScaling::Kind::yarn,
+                    .factor = 40.0,
+                    .original_max_position_embeddings = 4096,
+                    .mscale = 1.0,
+                    .mscale_all_dim = 1.0};
+  c.rms_norm_eps = 1e-6;
+}
+
+}  // namespace
+
 std::vector<std::string> preset_names() {
-  return {"tiny",          "tiny-qwen2-moe", "tiny-glm4-moe", "tiny-gpt-oss", "small",
-          "qwen3-30b-a3b", "qwen2-57b-a14b", "glm-4.5-air",   "gpt-oss-20b"};
+  return {"tiny",         "tiny-qwen2-moe", "tiny-glm4-moe",  "tiny-gpt-oss", "tiny-deepseek-v3",
+          "small",        "qwen3-30b-a3b",  "qwen2-57b-a14b", "glm-4.5-air",  "gpt-oss-20b",
+          "gpt-oss-120b", "deepseek-v3",    "kimi-k2"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -22,7 +43,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.tie_word_embeddings = false;
   c.rms_norm_eps = 1e-6;
   if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe" ||
-      name == "tiny-gpt-oss") {
+      name == "tiny-gpt-oss" || name == "tiny-deepseek-v3") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -67,20 +88,38 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
                         .truncate = false};
       c.rms_norm_eps = 1e-5;
     }
-  } else if (name == "gpt-oss-20b") {
-    // openai/gpt-oss-20b's config.json as published (its experts there are
-    // MXFP4; this preset's checkpoint stores them at the run's dtype).
+    if (name == "tiny-deepseek-v3") {  // DeepSeek-V3's pieces at tiny's shapes, YaRN as its
+      deepseek_v3_pieces(c);
+      c.q_lora_rank = 32;
+      c.kv_lora_rank = 16;
+      c.qk_nope_head_dim = 16;
+      c.qk_rope_head_dim = 8;
+      c.v_head_dim = 16;
+      c.head_dim = 8;
+      c.num_key_value_heads = c.num_attention_heads;
+      c.shared_expert_intermediate_size = c.moe_intermediate_size;  // n_shared_experts 1
+      c.first_k_dense_replace = 1;
+      c.n_group = 2;
+      c.topk_group = 1;
+      c.rope_scaling.original_max_position_embeddings = 128;
+      c.num_nextn_predict_layers = 0;
+    }
+  } else if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {
+    // openai/gpt-oss-20b's and -120b's config.json as published (their
+    // experts there are MXFP4; this preset's checkpoint stores them at the
+    // run's dtype): the same but for the depth and the expert count.
+    const bool big = name == "gpt-oss-120b";
     c.family = ModelFamily::gpt_oss;
     c.model_type = "gpt_oss";
     c.vocab_size = 201088;
     c.hidden_size = 2880;
     c.intermediate_size = 2880;
     c.moe_intermediate_size = 2880;
-    c.num_hidden_layers = 24;
+    c.num_hidden_layers = big ? 36 : 24;
     c.num_attention_heads = 64;
     c.num_key_value_heads = 8;
     c.head_dim = 64;
-    c.num_experts = 32;
+    c.num_experts = big ? 128 : 32;
     c.num_experts_per_tok = 4;
     c.norm_topk_prob = false;
     c.attention_bias = true;
@@ -177,6 +216,42 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.max_position_embeddings = 131072;
     c.pad_token_id = 151329;
     c.eos_token_id = {151329, 151336, 151338};
+  } else if (name == "deepseek-v3" || name == "kimi-k2") {
+    // deepseek-ai/DeepSeek-V3's and moonshotai/Kimi-K2-Instruct's config.json
+    // as published on the Hugging Face Hub (both ship their weights in block
+    // FP8; this preset's checkpoint stores them at the run's dtype). Kimi-K2
+    // is DeepSeek-V3's architecture with half the heads, 384 experts in one
+    // group, one dense layer and its own RoPE; its MTP layer is not shipped.
+    const bool kimi = name == "kimi-k2";
+    deepseek_v3_pieces(c);
+    c.vocab_size = kimi ? 163840 : 129280;
+    c.hidden_size = 7168;
+    c.intermediate_size = 18432;
+    c.moe_intermediate_size = 2048;
+    c.shared_expert_intermediate_size = 2048;
+    c.num_hidden_layers = 61;
+    c.num_attention_heads = kimi ? 64 : 128;
+    c.num_key_value_heads = c.num_attention_heads;
+    c.q_lora_rank = 1536;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 128;
+    c.head_dim = 64;
+    c.num_experts = kimi ? 384 : 256;
+    c.num_experts_per_tok = 8;
+    c.n_group = kimi ? 1 : 8;
+    c.topk_group = kimi ? 1 : 4;
+    c.first_k_dense_replace = kimi ? 1 : 3;
+    c.routed_scaling_factor = kimi ? 2.827 : 2.5;
+    c.num_nextn_predict_layers = kimi ? 0 : 1;
+    c.rope_theta = kimi ? 50000 : 10000;
+    c.rope_scaling.factor = kimi ? 32 : 40;
+    c.rope_scaling.original_max_position_embeddings = 4096;
+    c.rope_scaling.beta_fast = kimi ? 1 : 32;
+    c.max_position_embeddings = kimi ? 131072 : 163840;
+    c.bos_token_id = kimi ? 163584 : 0;
+    c.eos_token_id = {kimi ? 163585 : 1};
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;

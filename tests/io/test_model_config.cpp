@@ -376,9 +376,10 @@ TEST_P(ModelConfigErrors, NameFileFieldAndHint) {
 INSTANTIATE_TEST_SUITE_P(
     All, ModelConfigErrors,
     ::testing::Values(
-        BadConfig{"unknown_type",
-                  R"({"model_type": "llama"})",
-                  {"llama", "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, mixtral"}},
+        BadConfig{
+            "unknown_type",
+            R"({"model_type": "llama"})",
+            {"llama", "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, deepseek_v3 (kimi_k2), mixtral"}},
         BadConfig{"no_type", R"({"hidden_size": 64})", {"model_type"}},
         BadConfig{"invalid_json", R"({"model_type": "qwen3_moe",)", {"invalid JSON"}},
         BadConfig{"not_object", R"([1, 2])", {"array"}},
@@ -579,9 +580,11 @@ TEST(ModelConfig, Presets) {
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("huge"), std::string::npos);
-    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, small, qwen3-30b-a3b, "
-                       "qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b"),
-              std::string::npos)
+    EXPECT_NE(
+        msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, tiny-deepseek-v3, small, "
+                 "qwen3-30b-a3b, qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b, gpt-oss-120b, "
+                 "deepseek-v3, kimi-k2"),
+        std::string::npos)
         << msg;
   }
   EXPECT_THROW(preset("tiny", 0), Error);

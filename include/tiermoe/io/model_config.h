@@ -1,7 +1,7 @@
 #pragma once
 // A Hugging Face MoE config.json as one struct. Field names and defaults are
-// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE, Qwen2-MoE, GLM-4.5 and
-// gpt-oss configs map onto the same fields (their expert width lands in
+// those of transformers' Qwen3MoeConfig; Mixtral, OLMoE, Qwen2-MoE, GLM-4.5,
+// gpt-oss and DeepSeek-V3 configs map onto the same fields (their expert width lands in
 // moe_intermediate_size), and
 // `family` records the differences the model must honour (router
 // renormalisation, q/k norm shape, tensor names).
@@ -20,7 +20,15 @@
 
 namespace tiermoe {
 
-enum class ModelFamily : uint8_t { qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe, gpt_oss };
+enum class ModelFamily : uint8_t {
+  qwen3_moe,
+  mixtral,
+  olmoe,
+  qwen2_moe,
+  glm4_moe,
+  gpt_oss,
+  deepseek_v3,  // and Kimi-K2 (model_type kimi_k2: the same architecture)
+};
 std::string_view family_name(ModelFamily family);  // the HF model_type
 // config.json's torch_dtype for a TierMoE dtype: "float64", "float32", "bfloat16".
 std::string_view torch_dtype_name(DType dtype);
@@ -116,6 +124,16 @@ struct ModelConfig {
   // published: io/mxfp4.h, decoded at load). Never written back: TierMoE
   // saves what it holds, unquantized.
   std::string quant_method;
+  // DeepSeek-V3 (Kimi-K2): multi-head latent attention (model/mla_attention.h).
+  // q comes from a q_lora_rank latent (0: config.json's null, q_proj straight
+  // from the hidden state), k and v from a kv_lora_rank latent and one shared
+  // rope key per token; a q/k head is qk_nope_head_dim + qk_rope_head_dim
+  // wide, a v head v_head_dim. head_dim is qk_rope_head_dim, the width RoPE
+  // turns, as transformers sets it. rope_interleave: the rope dims come in
+  // adjacent pairs (x0, x1), (x2, x3), ...
+  int64_t q_lora_rank = 0, kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
+  bool rope_interleave = false;
 
   bool is_moe_layer(int64_t layer) const;     // decoder_sparse_step, mlp_only_layers
   QkNorm qk_norm() const;
@@ -125,8 +143,14 @@ struct ModelConfig {
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
   bool shared_expert_gated() const { return family == ModelFamily::qwen2_moe; }
   // DeepSeek-V3's router (moe/router.h: deepseek_v3) instead of softmax top-k.
-  bool sigmoid_router() const { return family == ModelFamily::glm4_moe; }
+  bool sigmoid_router() const {
+    return family == ModelFamily::glm4_moe || family == ModelFamily::deepseek_v3;
+  }
   bool gpt_oss() const { return family == ModelFamily::gpt_oss; }
+  bool mla() const { return family == ModelFamily::deepseek_v3; }
+  // A query (and key) head's width, and a value head's: head_dim for GQA.
+  int64_t qk_head_dim() const { return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
+  int64_t v_dim() const { return mla() ? v_head_dim : head_dim; }
   // The keys a query of `layer` sees back to (kernels/attention.h: window); 0: all.
   int64_t attention_window(int64_t layer) const;
   // The head dims RoPE turns, as transformers computes it: int(P * factor).
@@ -153,9 +177,10 @@ ModelConfig load_model_config(const std::string& path);
 void save_model_config(const ModelConfig& config, const std::string& path);
 
 // Built-in shapes (model_presets.cpp): "tiny", "tiny-qwen2-moe",
-// "tiny-glm4-moe" and "tiny-gpt-oss" (tests, demo), "small", and the published
-// configs "qwen3-30b-a3b", "qwen2-57b-a14b", "glm-4.5-air" and "gpt-oss-20b". `layers` overrides
-// num_hidden_layers.
+// "tiny-glm4-moe", "tiny-gpt-oss" and "tiny-deepseek-v3" (tests, demo),
+// "small", and the published configs "qwen3-30b-a3b", "qwen2-57b-a14b",
+// "glm-4.5-air", "gpt-oss-20b", "gpt-oss-120b", "deepseek-v3" and "kimi-k2".
+// `layers` overrides num_hidden_layers.
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers = std::nullopt);
 std::vector<std::string> preset_names();
 
