@@ -166,7 +166,18 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
       l.rank = f.lora_rank;
       l.alpha = given(cmd, "--lora-alpha") ? f.lora_alpha : double(f.lora_rank);
       l.rslora = f.rslora;
-      if (!f.lora_targets.empty()) l.targets = parse_lora_targets(f.lora_targets);
+      if (!f.lora_targets.empty()) {
+        l.targets = parse_lora_targets(f.lora_targets);
+      } else if (!c.model_dir.empty()) {
+        // The default is the model's own attention projections (latent
+        // attention names other modules than q/k/v/o). A missing config is
+        // left to the --model check, whose message says more.
+        if (std::filesystem::exists(std::filesystem::path(c.model_dir) / "config.json")) {
+          l.targets = lora_default_targets(load_model_config(c.model_dir));
+        }
+      } else {
+        l.targets = lora_default_targets(preset(c.preset));
+      }
     }
     c.lora = l;
     c.lora_init = f.lora_init;
@@ -499,7 +510,8 @@ void add_train_command(CLI::App& app) {
   cmd->add_option("--lora-alpha", f->lora_alpha, "LoRA alpha (default: the rank)");
   cmd->add_option("--lora-targets", f->lora_targets,
                   "Comma-separated q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj "
-                  "(default: the attention projections)");
+                  "(default: q_proj,k_proj,v_proj,o_proj; DeepSeek-V3's latent attention: "
+                  "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj)");
   cmd->add_flag("--rslora", f->rslora, "Scale by alpha/sqrt(R) instead of alpha/R");
   cmd->add_option("--lora-init", f->lora_init, "PEFT adapter directory to start from");
 

@@ -99,10 +99,10 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     const std::string& p = layer->prefix();
     weight(p + "input_layernorm.weight", HfRole::norm, layer->input_layernorm());
     for (auto& [suffix, w] : layer->attention().weights()) {
-      HfRole role = suffix.find("_norm") != std::string::npos ? HfRole::norm
-                    : suffix.ends_with(".bias")               ? HfRole::bias
-                    : suffix == "sinks"                       ? HfRole::sink
-                                                              : HfRole::attention;
+      HfRole role = suffix.find("norm") != std::string::npos ? HfRole::norm
+                    : suffix.ends_with(".bias")              ? HfRole::bias
+                    : suffix == "sinks"                      ? HfRole::sink
+                                                             : HfRole::attention;
       weight(p + "self_attn." + suffix, role, *w);
     }
     weight(p + "post_attention_layernorm.weight", HfRole::norm, layer->post_attention_layernorm());

@@ -62,9 +62,13 @@ void CausalLM::enable_lora(const LoraConfig& cfg, uint64_t seed) {
   Rng rng(seed);
   for (auto& layer : layers_) layer->enable_lora(cfg, rng);
   lora_ = cfg;
+  std::string attention;
+  for (const std::string& t : lora_default_targets(config_)) {
+    attention += (attention.empty() ? "" : ", ") + t;
+  }
   TIERMOE_CHECK(!lora_modules().empty(), "no module of this model matches the LoRA targets", where,
-                "the model's LoRA targets: q_proj, k_proj, v_proj, o_proj, gate_proj, "
-                "up_proj, down_proj");
+                "this model's attention projections are " + attention +
+                    "; its MLPs' are gate_proj, up_proj, down_proj");
 }
 
 const LoraConfig& CausalLM::lora_config() const {

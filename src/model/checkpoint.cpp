@@ -333,7 +333,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
   for (auto& layer : layers_) {
     const std::string& p = layer->prefix();
     for (auto& [suffix, w] : layer->attention().weights()) {
-      if (suffix.ends_with("_proj.weight")) {
+      if (w->value.dim() == 2) {  // the projections (kv_a_proj_with_mqa too), not norms or biases
         w->value = bound_matrix(ck, {p + "self_attn." + suffix}, w->value.shape(), c);
       }
     }

@@ -25,7 +25,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
       norm_cast_(rmsnorm_cast(c)),
       norm_in_(Weight::zeros({c.hidden_size}, compute)),
       norm_post_(Weight::zeros({c.hidden_size}, compute)),
-      attn_(c, layer, compute, alloc) {
+      attn_(make_self_attention(c, layer, compute, alloc)) {
   if (c.is_moe_layer(layer)) {
     moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_, alloc);
     if (c.has_shared_expert()) {
@@ -39,7 +39,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
 }
 
 void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
-  attn_.enable_lora(config, prefix_ + "self_attn.", rng);
+  attn_->enable_lora(config, prefix_ + "self_attn.", rng);
   if (mlp_) {
     mlp_->enable_lora(config, mlp_name_ + ".", rng);
   } else {
@@ -50,12 +50,12 @@ void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
 
 void DecoderLayer::set_step_times(StepTimes* times) {
   step_times_ = times;
-  attn_.set_step_times(times);
+  attn_->set_step_times(times);
   if (moe_) moe_->layer().set_step_times(times);
 }
 
 std::vector<LoraAdapter*> DecoderLayer::lora_adapters() {
-  std::vector<LoraAdapter*> out = attn_.lora_adapters();
+  std::vector<LoraAdapter*> out = attn_->lora_adapters();
   if (mlp_) {
     for (LoraAdapter* a : mlp_->lora_adapters()) out.push_back(a);
   }
@@ -77,7 +77,7 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
   });
   Tensor h_TD = Tensor::empty({T, D}, dt);
   auto t0 = Clock::now();
-  attn_.forward(h_TD, n_TD, rope, saved.attn);
+  attn_->forward(h_TD, n_TD, rope, saved.attn);
   times_.attention_s += seconds_since(t0);
   saved.h_TD = h_TD;
   saved.rstd_post_T = Tensor::empty({T}, acc_dtype_for(dt));
@@ -135,7 +135,7 @@ void DecoderLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTabl
   // h = x + attn(norm_in(x))
   Tensor dn_TD = Tensor::empty({T, D}, dt);
   t0 = Clock::now();
-  attn_.backward(dn_TD, dh_TD, rope, saved.attn);
+  attn_->backward(dn_TD, dh_TD, rope, saved.attn, /*accumulate=*/false);
   times_.attention_s += seconds_since(t0);
   part.emplace(step_times_, StepPart::norms);
   dx_TD.copy_from(dh_TD);

@@ -115,7 +115,16 @@ void LoraConfig::validate(std::string_view where) const {
   for (const std::string& t : targets) check_target_name(t, where);
 }
 
-std::set<std::string> lora_default_targets() { return LoraConfig{}.targets; }
+std::set<std::string> lora_default_targets(const ModelConfig& config) {
+  if (!config.mla()) return LoraConfig{}.targets;
+  std::set<std::string> out = {"kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+  if (config.q_lora_rank > 0) {
+    out.insert({"q_a_proj", "q_b_proj"});
+  } else {
+    out.insert("q_proj");
+  }
+  return out;
+}
 
 std::set<std::string> parse_lora_targets(std::string_view list, std::string_view where) {
   std::set<std::string> out;

@@ -52,4 +52,14 @@ RopeFrequencies rope_frequencies(const ModelConfig& c) {
   return r;
 }
 
+double attention_softmax_scale(const ModelConfig& c) {
+  double scale = 1.0 / std::sqrt(double(c.qk_head_dim()));
+  const RopeScaling& s = c.rope_scaling;
+  if (c.mla() && s.kind != RopeScaling::Kind::none && s.mscale_all_dim && *s.mscale_all_dim != 0) {
+    const double m = yarn_mscale(s.factor, *s.mscale_all_dim);
+    scale *= m * m;
+  }
+  return scale;
+}
+
 }  // namespace tiermoe

@@ -66,10 +66,18 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_a
   const QkNorm qk = c.qk_norm();
   size_t b = size_t(z.N) * (3 * z.D) * z.s;  // input, normed input, h
   b += size_t(z.N) * 2 * z.a;                // the two rstd
-  b += size_t(z.N) * (qk == QkNorm::none ? HP + 2 * KP : 2 * (HP + KP) + KP) * z.s;
-  if (qk == QkNorm::per_head) b += size_t(z.N) * (z.H + z.Hkv) * z.a;
-  if (qk == QkNorm::whole) b += size_t(z.N) * 2 * z.a;
-  b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;      // o, lse
+  if (c.mla()) {
+    // The latents before and after their norms and the norms' statistics,
+    // q, k and v as attention read them, o and lse (model/mla_attention.cpp).
+    const int64_t Q = c.qk_head_dim(), Pv = c.v_head_dim, Rq = c.q_lora_rank;
+    b += size_t(z.N) * (2 * Rq + 2 * c.kv_lora_rank + 2 * z.H * (Q + Pv)) * z.s;
+    b += size_t(z.N) * ((Rq > 0 ? 1 : 0) + 1 + z.H) * z.a;
+  } else {
+    b += size_t(z.N) * (qk == QkNorm::none ? HP + 2 * KP : 2 * (HP + KP) + KP) * z.s;
+    if (qk == QkNorm::per_head) b += size_t(z.N) * (z.H + z.Hkv) * z.a;
+    if (qk == QkNorm::whole) b += size_t(z.N) * 2 * z.a;
+    b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;  // o, lse
+  }
   b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
   if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
   if (moe && c.has_shared_expert()) {  // its h [N, 2S], a [N, S], output m [N, D], gate s [N]
@@ -281,12 +289,33 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // The attention kernel's own scratch (packed keys and values, per-head
   // partial dk and dv) lives while do and dq/dk/dv do, before the pre-norm
   // gradients, the projections' LoRA branches and mixed-width scratch.
-  const size_t attn_after = size_t(z.N) * (c.qk_norm() == QkNorm::none ? 0 : HP + KP) * z.s +
-                            size_t(z.N * lora_attn_bwd) * master +
-                            mixed_dx(z.N, {{HP, z.D}, {KP, z.D}, {z.D, HP}});
-  const size_t attn_bwd =
-      5 * ND + size_t(z.N) * (HP + HP + 2 * KP) * z.s +
-      std::max(attn_after, cpu::attention_backward_scratch_bytes(B, L, z.H, z.Hkv, z.P, dt));
+  size_t attn_bwd = 0;
+  if (c.mla()) {
+    // do, dq, dk and dv; then, until the block's backward returns, the rope
+    // dims' and the shared key's gradients, dkv_a, dkv, and each latent's
+    // gradient after and before its norm (model/mla_attention.cpp).
+    const int64_t Q = c.qk_head_dim(), Pv = c.v_head_dim, Qr = c.qk_rope_head_dim;
+    const int64_t Rq = c.q_lora_rank, Rkv = c.kv_lora_rank, HQ = z.H * Q, HV = z.H * Pv;
+    const int64_t q_out = Rq > 0 ? Rq : HQ;
+    const size_t after =
+        size_t(z.N) *
+            (z.H * Qr + 2 * Qr + Rkv + z.H * (c.qk_nope_head_dim + Pv) + 2 * Rkv + 2 * Rq) * z.s +
+        size_t(z.N * lora_attn_bwd) * master +
+        std::max(
+            mixed_dx(
+                z.N,
+                {{q_out, z.D}, {Rkv + Qr, z.D}, {z.H * (c.qk_nope_head_dim + Pv), Rkv}, {z.D, HV}}),
+            Rq > 0 ? mixed_dx(z.N, {{HQ, Rq}}) : size_t(0));
+    attn_bwd = 5 * ND + size_t(z.N) * 2 * (HQ + HV) * z.s +
+               std::max(after, cpu::attention_backward_scratch_bytes(B, L, z.H, z.H, Q, Pv, dt));
+  } else {
+    const size_t after = size_t(z.N) * (c.qk_norm() == QkNorm::none ? 0 : HP + KP) * z.s +
+                         size_t(z.N * lora_attn_bwd) * master +
+                         mixed_dx(z.N, {{HP, z.D}, {KP, z.D}, {z.D, HP}});
+    attn_bwd =
+        5 * ND + size_t(z.N) * (HP + HP + 2 * KP) * z.s +
+        std::max(after, cpu::attention_backward_scratch_bytes(B, L, z.H, z.Hkv, z.P, z.P, dt));
+  }
   size_t mlp_bwd = 0;
   if (moe_layers) {
     const size_t rows = std::min(NK, 2 * ((NK + size_t(z.E) - 1) / size_t(z.E)));

@@ -3,6 +3,7 @@
 // before any step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -55,7 +56,7 @@ TEST_F(CliTrain, DemoLearnsTheCorpusWellBelowTheUnigramEntropy) {
 // gpt-oss's experts are drawn in the checkpoint's x-major layout and
 // transposed into the model's.
 TEST_F(CliTrain, APresetTrainsAsItsInitCheckpoint) {
-  for (const char* name : {"tiny", "tiny-gpt-oss"}) {
+  for (const char* name : {"tiny", "tiny-gpt-oss", "tiny-deepseek-v3"}) {
     SCOPED_TRACE(name);
     const fs::path dir = path(std::string(name) + "-init");
     ASSERT_EQ(run({"init", "--preset", name, "--dtype", "f32", "--out", dir.string()}).rc, 0);
@@ -69,6 +70,32 @@ TEST_F(CliTrain, APresetTrainsAsItsInitCheckpoint) {
       return last_json_line(r.out).at("losses");
     };
     EXPECT_EQ(losses({"--preset", name}), losses({"--model", dir.string()}));
+  }
+}
+
+// --lora-rank alone adapts the model's attention projections: under
+// DeepSeek-V3's latent attention those are not q/k/v/o, from a checkpoint and
+// from the preset alike.
+TEST_F(CliTrain, DefaultLoraTargetsAreTheLatentAttentionsProjections) {
+  const fs::path model = path("ds");
+  ASSERT_EQ(run({"init", "--preset", "tiny-deepseek-v3", "--out", model.string()}).rc, 0);
+  const json want = {"kv_a_proj_with_mqa", "kv_b_proj", "o_proj", "q_a_proj", "q_b_proj"};
+  for (const std::vector<std::string>& from :
+       {std::vector<std::string>{"--model", model.string()},
+        std::vector<std::string>{"--preset", "tiny-deepseek-v3"}}) {
+    const fs::path out = path("o" + std::to_string(from[0].size()));
+    std::vector<std::string> args = {"train", "--steps",         "1",         "--batch",
+                                     "2",     "--seq-len",       "16",        "--threads",
+                                     "1",     "--corpus-tokens", "4096",      "--lora-rank",
+                                     "2",     "--out",           out.string()};
+    args.insert(args.end(), from.begin(), from.end());
+    RunResult r = run(args);
+    ASSERT_EQ(r.rc, 0) << r.err;
+    json targets = json::parse(slurp(out / "adapter" / "adapter_config.json")).at("target_modules");
+    std::sort(targets.begin(), targets.end());
+    EXPECT_EQ(targets, want) << from[0];
+    EXPECT_TRUE(contains(r.err, "targets kv_a_proj_with_mqa,kv_b_proj,o_proj,q_a_proj,q_b_proj"))
+        << r.err;
   }
 }
 

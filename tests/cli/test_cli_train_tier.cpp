@@ -86,6 +86,28 @@ TEST_F(CliTrainTier, GptOssOnTheCpuDeviceGivesTheHostLosses) {
   }
 }
 
+// DeepSeek-V3's MoE (sigmoid router with its correction bias, the shared
+// expert beside the routed ones) around latent attention: the device tier
+// gives the host's losses, fully trained in bf16 and under LoRA.
+TEST_F(CliTrainTier, DeepseekV3OnTheCpuDeviceGivesTheHostLosses) {
+  const std::vector<std::vector<std::string>> runs = {
+      {"--preset", "tiny-deepseek-v3", "--dtype", "bf16"},
+      {"--preset", "tiny-deepseek-v3", "--lora-rank", "2", "--dtype", "f32"}};
+  for (const auto& how : runs) {
+    SCOPED_TRACE(how.size());
+    const RunResult host = run(tier_quick(how));
+    ASSERT_EQ(host.rc, 0) << host.err;
+    std::vector<std::string> dev_args = how;
+    for (const char* a : {"--device", "cpu", "--device-memory", "8MiB", "--placement", "device"}) {
+      dev_args.push_back(a);
+    }
+    const RunResult dev = run(tier_quick(dev_args));
+    ASSERT_EQ(dev.rc, 0) << dev.err;
+    EXPECT_EQ(last_json_line(host.out).at("losses"), last_json_line(dev.out).at("losses"));
+    EXPECT_GT(last_json_line(dev.out).at("device_calls").get<int64_t>(), 0);
+  }
+}
+
 TEST_F(CliTrainTier, PlacementHostKeepsEveryExpertOnTheHost) {
   const RunResult r =
       run(tier_quick({"--device", "cpu", "--device-memory", "8MiB", "--placement", "host"}));

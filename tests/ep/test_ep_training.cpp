@@ -150,7 +150,14 @@ INSTANTIATE_TEST_SUITE_P(
              "tiny-glm4-moe"},
         Case{"glm4_f32_lora_shared_experts", DType::f32,
              "q_proj,shared_experts.gate_proj,shared_experts.up_proj", "off", "full", false,
-             nullptr, true, "tiny-glm4-moe"}),
+             nullptr, true, "tiny-glm4-moe"},
+        // DeepSeek-V3: latent attention replicated like any attention, its
+        // q latent's norm among the replicated weights.
+        Case{"deepseek_v3_f64_full_device_tier", DType::f64, nullptr, "auto", "none", true, nullptr,
+             true, "tiny-deepseek-v3"},
+        Case{"deepseek_v3_f32_lora_latent_attention", DType::f32,
+             "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "off", "full", false, nullptr,
+             true, "tiny-deepseek-v3"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -24,7 +24,7 @@ struct SingleThread {
   ~SingleThread() { set_num_threads(0); }
 };
 
-enum class Family { qwen3, olmoe, mixtral, qwen2, glm4, gpt_oss };
+enum class Family { qwen3, olmoe, mixtral, qwen2, glm4, gpt_oss, deepseek_v3 };
 
 // 3 layers, layer 1 dense (mlp_only_layers; Qwen3 and Qwen2 only), q_proj
 // width H*P = 32 != D = 16 (OLMoE requires H*P = D: P = 4 there). `bias`:
@@ -33,7 +33,10 @@ enum class Family { qwen3, olmoe, mixtral, qwen2, glm4, gpt_oss };
 // router sigmoid over 2 groups of 2 with routed_scaling_factor 2.5, its RoPE
 // half-rotary and its q/k norm on; gpt-oss's layers are all MoE, sliding,
 // full, sliding with a window of 2, with sinks, q/k/v/o bias, a biased router,
-// biased experts and swiglu_limit 1).
+// biased experts and swiglu_limit 1; DeepSeek-V3 has GLM's MoE under
+// multi-head latent attention: a q latent of 6, a kv latent of 5, q/k heads
+// of 4 + 4 (nope + rope), v heads of 3, interleaved rope dims, YaRN with
+// mscale_all_dim, and with `bias` a bias on q_a, kv_a and o_proj).
 inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool bias = false) {
   ModelConfig c = preset("tiny");
   if (f == Family::olmoe) c.family = ModelFamily::olmoe, c.model_type = "olmoe";
@@ -41,6 +44,7 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
   if (f == Family::qwen2) c.family = ModelFamily::qwen2_moe, c.model_type = "qwen2_moe";
   if (f == Family::glm4) c.family = ModelFamily::glm4_moe, c.model_type = "glm4_moe";
   if (f == Family::gpt_oss) c.family = ModelFamily::gpt_oss, c.model_type = "gpt_oss";
+  if (f == Family::deepseek_v3) c.family = ModelFamily::deepseek_v3, c.model_type = "deepseek_v3";
   c.vocab_size = 40;
   c.hidden_size = 16;
   c.intermediate_size = 24;
@@ -64,7 +68,7 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
   c.pad_token_id.reset();
   if (f == Family::olmoe) c.head_dim = 4;
   if (f == Family::olmoe || f == Family::mixtral) c.mlp_only_layers.clear();  // no dense layers
-  if (f == Family::glm4) {
+  if (f == Family::glm4 || f == Family::deepseek_v3) {
     c.mlp_only_layers.clear();
     c.first_k_dense_replace = 1;
     c.shared_expert_intermediate_size = 2 * c.moe_intermediate_size;
@@ -74,6 +78,23 @@ inline ModelConfig tiny_model_config(Family f, bool tied, bool norm_topk, bool b
     c.use_qk_norm = true;
     c.partial_rotary_factor = 0.5;
     c.output_router_logits = false;  // the DeepSeek-V3 family has no aux loss
+  }
+  if (f == Family::deepseek_v3) {
+    c.use_qk_norm = false;
+    c.partial_rotary_factor = 1.0;
+    c.num_key_value_heads = c.num_attention_heads;
+    c.q_lora_rank = 6;
+    c.kv_lora_rank = 5;
+    c.qk_nope_head_dim = 4;
+    c.qk_rope_head_dim = 4;
+    c.head_dim = 4;
+    c.v_head_dim = 3;
+    c.rope_interleave = true;
+    c.rope_scaling = {.kind = RopeScaling::Kind::yarn,
+                      .factor = 4.0,
+                      .original_max_position_embeddings = 16,
+                      .mscale = 1.0,
+                      .mscale_all_dim = 0.8};
   }
   if (f == Family::gpt_oss) {
     c.mlp_only_layers.clear();

@@ -59,8 +59,16 @@ TEST(LoraConfig, ScalingFollowsPeft) {
 
 TEST(LoraConfig, DefaultTargetsAreAttention) {
   std::set<std::string> want = {"q_proj", "k_proj", "v_proj", "o_proj"};
-  EXPECT_EQ(lora_default_targets(), want);
+  EXPECT_EQ(lora_default_targets(preset("tiny")), want);
   EXPECT_EQ(LoraConfig{}.targets, want);
+  // Latent attention's projections, with and without the q latent.
+  ModelConfig mla = preset("tiny-deepseek-v3");
+  EXPECT_EQ(
+      lora_default_targets(mla),
+      (std::set<std::string>{"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}));
+  mla.q_lora_rank = 0;
+  EXPECT_EQ(lora_default_targets(mla),
+            (std::set<std::string>{"q_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"}));
   LoraConfig c;
   EXPECT_TRUE(lora_targets_module(c, "model.layers.3.self_attn.q_proj"));
   EXPECT_TRUE(lora_targets_module(c, "model.layers.3.self_attn.o_proj"));

@@ -60,10 +60,24 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
     std::printf("  %-36s worst |fd - analytic| %.2e\n", kind.c_str(), worst);
   }
   // Each kind the config implies was sampled.
-  std::vector<std::string> want = {"model.embed_tokens.weight", "self_attn.q_proj.weight",
-                                   "self_attn.k_proj.weight",   "self_attn.v_proj.weight",
-                                   "self_attn.o_proj.weight",   "input_layernorm.weight",
-                                   "post_attention_layernorm.weight", "model.norm.weight"};
+  std::vector<std::string> want = {"model.embed_tokens.weight", "self_attn.o_proj.weight",
+                                   "input_layernorm.weight", "post_attention_layernorm.weight",
+                                   "model.norm.weight"};
+  const std::vector<std::string> attention_kinds =
+      !config.mla() ? std::vector<std::string>{"q_proj.weight", "k_proj.weight", "v_proj.weight"}
+      : config.q_lora_rank > 0
+          ? std::vector<std::string>{"q_a_proj.weight",       "q_a_layernorm.weight",
+                                     "q_b_proj.weight",       "kv_a_proj_with_mqa.weight",
+                                     "kv_a_layernorm.weight", "kv_b_proj.weight"}
+          : std::vector<std::string>{"q_proj.weight", "kv_a_proj_with_mqa.weight",
+                                     "kv_a_layernorm.weight", "kv_b_proj.weight"};
+  for (const std::string& k : attention_kinds) want.push_back("self_attn." + k);
+  if (config.mla() && config.attention_bias) {
+    for (const char* k : {"self_attn.kv_a_proj_with_mqa.bias", "self_attn.o_proj.bias"}) {
+      want.push_back(k);
+    }
+    if (config.q_lora_rank > 0) want.push_back("self_attn.q_a_proj.bias");
+  }
   const std::string block = config.family == ModelFamily::mixtral ? "block_sparse_moe." : "mlp.";
   const std::vector<std::string> moe_kinds =
       config.gpt_oss()
@@ -91,7 +105,7 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
     }
     if (config.shared_expert_gated()) want.push_back("mlp.shared_expert_gate.weight");
   }
-  if (config.q_k_v_bias()) {
+  if (!config.mla() && config.q_k_v_bias()) {
     for (const char* k :
          {"self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias"}) {
       want.push_back(k);
@@ -131,11 +145,23 @@ TEST(ModelGrad, GptOssSinksWindowBiasedRouterAndExpertsMatchFiniteDifferences) {
   check_model_fd(testing::tiny_model_config(Family::gpt_oss, false, false), 17);
 }
 
+TEST(ModelGrad, DeepseekV3LatentAttentionInterleavedRopeYarnMatchesFiniteDifferences) {
+  check_model_fd(testing::tiny_model_config(Family::deepseek_v3, false, true, true), 18);
+}
+
+// MLA's other form: q_proj straight from the hidden state, rope dims in rotate-half order.
+TEST(ModelGrad, DeepseekV3WithoutQLatentMatchesFiniteDifferences) {
+  ModelConfig c = testing::tiny_model_config(Family::deepseek_v3, true, false);
+  c.q_lora_rank = 0;
+  c.rope_interleave = false;
+  check_model_fd(c, 19);
+}
+
 // params() lists the checkpoint's tensors in order, by name, role and shape
 // (a gpt-oss expert matrix as the transpose of its x-major checkpoint shape).
 TEST(ModelParams, NamesAndShapesAreTheCheckpointList) {
   for (Family f : {Family::qwen3, Family::olmoe, Family::mixtral, Family::qwen2, Family::glm4,
-                   Family::gpt_oss}) {
+                   Family::gpt_oss, Family::deepseek_v3}) {
     for (bool tied : {false, true}) {
       ModelConfig c = testing::tiny_model_config(f, tied, true, tied);
       CausalLM model(c, DType::f32);

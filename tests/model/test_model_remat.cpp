@@ -48,6 +48,9 @@ void expect_policies_bitwise(DType dt, bool lora, Family family = Family::qwen3)
     cfg.rank = 2;
     cfg.alpha = 4;
     cfg.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    if (family == Family::deepseek_v3) {  // MLA's projections
+      cfg.targets.insert({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"});
+    }
     if (family != Family::gpt_oss) {  // gpt-oss's experts take no LoRA (yet)
       cfg.targets.insert({"gate_proj", "up_proj", "down_proj"});
     }
@@ -102,6 +105,13 @@ TEST(ModelRemat, GptOssLoraIsBitwiseUnderEveryPolicyBf16) {
 }
 TEST(ModelRemat, GptOssFullFineTuningIsBitwiseUnderEveryPolicyF32) {
   expect_policies_bitwise(DType::f32, false, Family::gpt_oss);
+}
+
+TEST(ModelRemat, DeepseekV3LoraIsBitwiseUnderEveryPolicyBf16) {
+  expect_policies_bitwise(DType::bf16, true, Family::deepseek_v3);
+}
+TEST(ModelRemat, DeepseekV3FullFineTuningIsBitwiseUnderEveryPolicyF32) {
+  expect_policies_bitwise(DType::f32, false, Family::deepseek_v3);
 }
 
 TEST(ModelRemat, OptionsReachEveryMoeBlock) {

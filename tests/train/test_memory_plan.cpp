@@ -69,6 +69,9 @@ TrainConfig config_of(const Case& k) {
     c.lora->rank = 4;
     c.lora->targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
     if (k.adapt_experts) c.lora->targets.insert({"gate_proj", "up_proj", "down_proj"});
+    if (preset(k.preset).mla()) {  // multi-head latent attention's projections
+      c.lora->targets.insert({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"});
+    }
   }
   return c;
 }
@@ -116,7 +119,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"small", true, DType::bf16, "none", 2, 128, false},
                       Case{"tiny-qwen2-moe", true, DType::f32, "none", 4, 64},
                       Case{"tiny-qwen2-moe", false, DType::bf16, "default", 4, 64},
-                      Case{"tiny-qwen2-moe", true, DType::bf16, "none", 4, 64, false}),
+                      Case{"tiny-qwen2-moe", true, DType::bf16, "none", 4, 64, false},
+                      Case{"tiny-deepseek-v3", true, DType::f32, "none", 4, 64},
+                      Case{"tiny-deepseek-v3", false, DType::bf16, "default", 4, 64},
+                      Case{"tiny-deepseek-v3", true, DType::bf16, "none", 4, 64, false}),
     case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most

@@ -92,8 +92,9 @@ namespace cpu {
 // The scratch cpu::attention_backward allocates as activations (memory plans
 // count it): in f32 and bf16 the keys and values packed for the
 // microkernel, and every query head's f32 partial dk and dv; f64 none.
+// P: the q/k head dim, Pv: the v head dim.
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t P,
-                                        DType dt);
+                                        int64_t Pv, DType dt);
 }  // namespace cpu
 
 }  // namespace tiermoe

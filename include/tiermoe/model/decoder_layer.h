@@ -1,6 +1,6 @@
 #pragma once
 // One pre-norm decoder layer:
-//   h   = x + attn(input_layernorm(x))
+//   h   = x + attn(input_layernorm(x))              attn: self_attention.h's kinds
 //   out = h + mlp(post_attention_layernorm(h))       mlp: dense SwiGLU or sparse MoE
 //                                                    (+ a shared expert: shared_expert.h)
 // Backward is the same in reverse: the residual stream's gradient passes
@@ -10,9 +10,9 @@
 
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/kernels/rmsnorm.h"
-#include "tiermoe/model/attention_block.h"
 #include "tiermoe/model/dense_mlp.h"
 #include "tiermoe/model/moe_block.h"
+#include "tiermoe/model/self_attention.h"
 #include "tiermoe/model/shared_expert.h"
 
 namespace tiermoe {
@@ -67,7 +67,7 @@ class DecoderLayer {
   void backward(Tensor& dx_TD, const Tensor& dout_TD, const RopeTables& rope,
                 DecoderLayerSaved& saved, const Tensor& dlogits_extra_TE = Tensor());
 
-  AttentionBlock& attention() { return attn_; }
+  SelfAttention& attention() { return *attn_; }
   Weight& input_layernorm() { return norm_in_; }
   Weight& post_attention_layernorm() { return norm_post_; }
   DenseMlp* dense_mlp() { return mlp_.get(); }
@@ -86,7 +86,7 @@ class DecoderLayer {
   double eps_;
   RmsNormCast norm_cast_;
   Weight norm_in_, norm_post_;  // (D)
-  AttentionBlock attn_;
+  std::unique_ptr<SelfAttention> attn_;  // the config's attention kind
   std::unique_ptr<DenseMlp> mlp_;  // exactly one of mlp_ and moe_
   std::unique_ptr<MoeBlock> moe_;
   std::unique_ptr<SharedExpert> shared_;  // beside moe_, when the config has one

@@ -29,15 +29,19 @@
 
 #include "tiermoe/core/random.h"
 #include "tiermoe/core/tensor.h"
+#include "tiermoe/io/model_config.h"
 #include "tiermoe/io/peft.h"
 
 namespace tiermoe {
 
-// The Qwen3-MoE linear layers LoRA may adapt, by PEFT module name. The router
+// The linear layers LoRA may adapt, by PEFT module name: the attention
+// projections (DeepSeek-V3's latent attention has its own four besides
+// q_proj and o_proj), the experts' and the dense MLPs'. The router
 // (`mlp.gate`) is never adapted: gate_proj does not match it under PEFT's
 // rules, and "gate" is refused.
 inline constexpr std::string_view kLoraTargetNames[] = {
-    "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    "q_proj",    "k_proj",    "v_proj",  "o_proj",   "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
+    "kv_b_proj", "gate_proj", "up_proj", "down_proj"};
 
 struct LoraConfig {
   int64_t rank = 8;  // R
@@ -60,7 +64,11 @@ struct LoraConfig {
   void validate(std::string_view where = "lora") const;
 };
 
-std::set<std::string> lora_default_targets();  // q_proj, k_proj, v_proj, o_proj
+// What `--lora-rank R` adapts when no targets are named: the model's attention
+// projections, q_proj, k_proj, v_proj, o_proj, or under latent attention
+// q_a_proj, q_b_proj (q_proj without a q latent), kv_a_proj_with_mqa,
+// kv_b_proj, o_proj.
+std::set<std::string> lora_default_targets(const ModelConfig& config);
 
 // Parses a comma-separated list ("q_proj, v_proj,gate_proj"). Unknown names
 // throw an Error listing the valid ones; "gate", "mlp.gate" or

@@ -26,4 +26,9 @@ struct RopeFrequencies {
 
 RopeFrequencies rope_frequencies(const ModelConfig& config);
 
+// The attention's softmax scale: 1 / sqrt(qk_head_dim), and under MLA with
+// YaRN's mscale_all_dim times mscale(factor, mscale_all_dim)^2 (transformers'
+// yarn_apply_mscale: DeepSeek scales the non-rotary dims' logits too).
+double attention_softmax_scale(const ModelConfig& config);
+
 }  // namespace tiermoe

@@ -500,10 +500,10 @@ int64_t backward_kv_pack_bytes(const Flash& f) {
 }  // namespace
 
 size_t attention_backward_scratch_bytes(int64_t B, int64_t T, int64_t Hq, int64_t Hkv, int64_t P,
-                                        DType dt) {
+                                        int64_t Pv, DType dt) {
   if (dt == DType::f64 || cpu_isa() == CpuIsa::onednn || B * T * Hq == 0) return 0;
-  const Flash f = plan({B, T, Hq, Hkv, P, P}, dt, {});
-  return size_t(backward_kv_pack_bytes(f)) + size_t(B * Hq * T * 2 * P) * 4;
+  const Flash f = plan({B, T, Hq, Hkv, P, Pv}, dt, {});
+  return size_t(backward_kv_pack_bytes(f)) + size_t(B * Hq * T * (P + Pv)) * 4;
 }
 
 void attention_forward(Tensor& out, Tensor& lse_BTH, const Tensor& q, const Tensor& k,
