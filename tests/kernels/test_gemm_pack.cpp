@@ -149,7 +149,8 @@ TEST_P(GemmPack, PanelsMatchTheDocumentedLayout) {
 }
 
 // f32 into a bf16 layout rounds each value to nearest even (ties included),
-// as float_to_bf16 does; into an f32 layout it is copied.
+// as float_to_bf16 does, NaNs quieted, infinities and subnormals as they
+// round; into an f32 layout it is copied. Bits are compared, so a NaN counts.
 TEST_P(GemmPack, F32SourcesRoundIntoBf16Layouts) {
   const gemm::Microkernel& uk = gemm::microkernel(GetParam().isa, GetParam().in);
   const int64_t kc = 2 * uk.k_step * 4, width = uk.nr;
@@ -157,6 +158,13 @@ TEST_P(GemmPack, F32SourcesRoundIntoBf16Layouts) {
   for (size_t i = 0; i < src.size(); ++i) {
     // 1 + i/128 ulps of bf16 past 1.5: below, at and above each tie.
     src[i] = std::bit_cast<float>(0x3fc00000u + uint32_t(i % 512) * 0x40u);
+  }
+  // Specials, some inside the packing's vector blocks and some in its tails.
+  const uint32_t specials[] = {0x7f800001u, 0xffc12345u, 0x7f800000u, 0xff800000u, 0x00000001u,
+                               0x0000ffffu, 0x00018000u, 0x80008000u, 0x7f7fffffu};
+  for (size_t i = 0; i < std::size(specials); ++i) {
+    src[(i * 37) % src.size()] = std::bit_cast<float>(specials[i]);
+    src[src.size() - 1 - i] = std::bit_cast<float>(specials[i]);
   }
   std::vector<char> dst(size_t(gemm::b_panel_bytes(uk, kc)));
   gemm::pack_b(uk, gemm::Mat{src.data(), 1, kc, DType::f32}, 0, width, 0, kc, kc, dst.data());
@@ -166,7 +174,9 @@ TEST_P(GemmPack, F32SourcesRoundIntoBf16Layouts) {
     for (int64_t k = 0; k < kc; ++k) {
       const float v = src[size_t(j * kc + k)];
       const float want = f32_layout ? v : bf16_to_float(float_to_bf16(v));
-      ASSERT_EQ(got[size_t(b_index(uk.b, uk.nr, j, k))], want) << "column " << j << " k " << k;
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(b_index(uk.b, uk.nr, j, k))]),
+                std::bit_cast<uint32_t>(want))
+          << "column " << j << " k " << k;
     }
   }
 }

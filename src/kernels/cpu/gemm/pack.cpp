@@ -38,67 +38,131 @@ struct Layout {
   bool pairs = false;
 };
 
-// Eight consecutive source elements as floats (bf16 widened exactly).
-inline __m256 load8(const float* s) { return _mm256_loadu_ps(s); }
-inline __m256 load8(const uint16_t* s) {
-  const __m256i wide = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(wide, 16));
+// The 32-bit units the transposes below move: a source element as a float
+// (f32, or bf16 widened exactly), or a pair of bf16 (k = 2p, 2p+1 of one
+// line) as it stands, the dword bf16_pairs layouts hold.
+template <class S>
+struct Widened {
+  static constexpr int64_t kPer = 1;  // source elements per unit
+  static __m256 load8(const float* s) { return _mm256_loadu_ps(s); }
+  static __m256 load8(const uint16_t* s) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  }
+  static void one(const S* s, void* d) {
+    const float v = convert<float>(*s);
+    std::memcpy(d, &v, 4);
+  }
+};
+// Eight floats rounded to bf16 as float_to_bf16 does (nearest even, NaN
+// kept quiet), each in the low half of its dword.
+inline __m256i round8_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i nan = _mm256_cmpgt_epi32(_mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff)),
+                                         _mm256_set1_epi32(0x7f800000));
+  const __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+  const __m256i quiet = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+  return _mm256_srli_epi32(_mm256_blendv_epi8(rounded, quiet, nan), 16);
 }
 
-// Lines [0, n) of `base` (line x at base + x * ls, k contiguous) into a
-// k-major float layout, dst[x + k * k_mul]: a transpose, which the plain
-// loop does one strided store at a time (a fifth of the flash attention's
-// time went there). Blocks of 8 lines x 8 k are transposed in registers,
-// then blocks of 4 lines; the tails element by element. The same values
-// land in the same places as the plain loop puts them.
 template <class S>
-void transpose_lines(const S* base, int64_t ls, int64_t n, int64_t kv, float* dst,
+struct Bf16Pairs {
+  static constexpr int64_t kPer = 2;
+  static __m256 load8(const uint16_t* s) {
+    return _mm256_castsi256_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(s)));
+  }
+  // 16 floats rounded, narrowed in order (packus works per 128-bit lane).
+  static __m256 load8(const float* s) {
+    const __m256i lo = round8_bf16(_mm256_loadu_ps(s)), hi = round8_bf16(_mm256_loadu_ps(s + 8));
+    return _mm256_castsi256_ps(_mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8));
+  }
+  static void one(const S* s, void* d) {
+    const uint16_t h[2] = {convert<uint16_t>(s[0]), convert<uint16_t>(s[1])};
+    std::memcpy(d, h, 4);
+  }
+};
+
+// Units [0, units) of lines [0, n) of `base` (unit u of line x at base +
+// x * ls + u * kPer) into dst's 32-bit slots x + u * k_mul: a transpose, which
+// the plain loop does one strided store at a time (a fifth of the flash
+// attention's time went there). Blocks of 8 lines x 8 units are transposed
+// in registers, then blocks of 4 lines; the tails one unit at a time. The
+// same bits land in the same places as the plain loop puts them.
+template <class U, class S>
+void transpose_units(const S* base, int64_t ls, int64_t n, int64_t units, void* dst_v,
                      int64_t k_mul) {
-  const int64_t k8 = kv / 8 * 8;
+  auto* dst = static_cast<float*>(dst_v);  // written through intrinsics and memcpy only
+  const int64_t u8 = units / 8 * 8;
+  auto line = [&](int64_t x, int64_t u) { return base + x * ls + u * U::kPer; };
   int64_t x = 0;
   for (; x + 8 <= n; x += 8) {
-    for (int64_t k = 0; k < k8; k += 8) {
-      __m256 r[8], t[8], u[8];
-      for (int i = 0; i < 8; ++i) r[i] = load8(base + (x + i) * ls + k);
+    for (int64_t u = 0; u < u8; u += 8) {
+      __m256 r[8], t[8], v[8];
+      for (int i = 0; i < 8; ++i) r[i] = U::load8(line(x + i, u));
       for (int i = 0; i < 8; i += 2) {
         t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
       }
       for (int i = 0; i < 8; i += 4) {
-        u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
-        u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
-        u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
-        u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
+        v[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+        v[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xee);
+        v[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+        v[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xee);
       }
-      // u[c] (c < 4) holds k + c (low lane) and k + c + 4 (high) of lines
-      // x..x+3; u[c + 4] the same of lines x+4..x+7.
+      // v[c] (c < 4) holds unit u + c (low lane) and u + c + 4 (high) of
+      // lines x..x+3; v[c + 4] the same of lines x+4..x+7.
       for (int c = 0; c < 4; ++c) {
-        _mm256_storeu_ps(dst + (k + c) * k_mul + x, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
-        _mm256_storeu_ps(dst + (k + c + 4) * k_mul + x,
-                         _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+        _mm256_storeu_ps(dst + (u + c) * k_mul + x, _mm256_permute2f128_ps(v[c], v[c + 4], 0x20));
+        _mm256_storeu_ps(dst + (u + c + 4) * k_mul + x,
+                         _mm256_permute2f128_ps(v[c], v[c + 4], 0x31));
       }
     }
   }
   for (; x + 4 <= n; x += 4) {
-    for (int64_t k = 0; k < k8; k += 8) {
+    for (int64_t u = 0; u < u8; u += 8) {
       __m256 r[4], t[4];
-      for (int i = 0; i < 4; ++i) r[i] = load8(base + (x + i) * ls + k);
+      for (int i = 0; i < 4; ++i) r[i] = U::load8(line(x + i, u));
       t[0] = _mm256_unpacklo_ps(r[0], r[1]), t[1] = _mm256_unpackhi_ps(r[0], r[1]);
       t[2] = _mm256_unpacklo_ps(r[2], r[3]), t[3] = _mm256_unpackhi_ps(r[2], r[3]);
-      const __m256 u[4] = {_mm256_shuffle_ps(t[0], t[2], 0x44), _mm256_shuffle_ps(t[0], t[2], 0xee),
+      const __m256 v[4] = {_mm256_shuffle_ps(t[0], t[2], 0x44), _mm256_shuffle_ps(t[0], t[2], 0xee),
                            _mm256_shuffle_ps(t[1], t[3], 0x44), _mm256_shuffle_ps(t[1], t[3], 0xee)};
       for (int c = 0; c < 4; ++c) {
-        _mm_storeu_ps(dst + (k + c) * k_mul + x, _mm256_castps256_ps128(u[c]));
-        _mm_storeu_ps(dst + (k + c + 4) * k_mul + x, _mm256_extractf128_ps(u[c], 1));
+        _mm_storeu_ps(dst + (u + c) * k_mul + x, _mm256_castps256_ps128(v[c]));
+        _mm_storeu_ps(dst + (u + c + 4) * k_mul + x, _mm256_extractf128_ps(v[c], 1));
       }
     }
   }
-  // The lines left over, at every k; then the k tail of the blocked lines.
+  // The lines left over, at every unit; then the unit tail of the blocked lines.
   for (int64_t y = x; y < n; ++y) {
-    for (int64_t k = 0; k < kv; ++k) dst[k * k_mul + y] = convert<float>(base[y * ls + k]);
+    for (int64_t u = 0; u < units; ++u) U::one(line(y, u), dst + u * k_mul + y);
   }
   for (int64_t y = 0; y < x; ++y) {
-    for (int64_t k = k8; k < kv; ++k) dst[k * k_mul + y] = convert<float>(base[y * ls + k]);
+    for (int64_t u = u8; u < units; ++u) U::one(line(y, u), dst + u * k_mul + y);
+  }
+}
+
+// bf16 pairs from lines contiguous at each k (a weight's columns in dx):
+// rows k and k + 1 interleaved, dst[(k / 2) * k_mul + 2 x + (k & 1)]; past
+// an odd kv the pair's second half is zero, as the layout pads K.
+void interleave_pairs(const uint16_t* base, int64_t ks, int64_t n, int64_t kv, uint16_t* dst,
+                      int64_t k_mul) {
+  for (int64_t k = 0; k < kv; k += 2) {
+    const uint16_t* r0 = base + k * ks;
+    const uint16_t* r1 = k + 1 < kv ? r0 + ks : nullptr;
+    uint16_t* d = dst + (k >> 1) * k_mul;
+    int64_t x = 0;
+    for (; x + 8 <= n; x += 8) {
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + x));
+      const __m128i b =
+          r1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1 + x)) : _mm_setzero_si128();
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * x), _mm_unpacklo_epi16(a, b));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * x + 8), _mm_unpackhi_epi16(a, b));
+    }
+    for (; x < n; ++x) {
+      d[2 * x] = r0[x];
+      d[2 * x + 1] = r1 ? r1[x] : uint16_t(0);
+    }
   }
 }
 
@@ -118,9 +182,28 @@ void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int
   const struct { int64_t first, last, offset; } ranges[2] = {{0, lo, 0}, {lo, n, 1}};
   for (const auto& r : ranges) {
     if (r.first >= r.last) continue;
+    const int64_t n_r = r.last - r.first;
     if constexpr (!Pairs && std::is_same_v<D, float>) {
       if (ks == 1 && l.stride == 1) {  // f32_kmajor A, f32 B: a transpose
-        transpose_lines(base + r.first * ls, ls, r.last - r.first, kv, dst + r.offset, l.k_mul);
+        transpose_units<Widened<S>>(base + r.first * ls, ls, n_r, kv, dst + r.offset, l.k_mul);
+        continue;
+      }
+    }
+    if constexpr (Pairs && std::is_same_v<D, uint16_t>) {
+      if (ks == 1 && l.stride == 2) {  // a transpose of k pairs, then an odd last k
+        const S* lines = base + r.first * ls;
+        transpose_units<Bf16Pairs<S>>(lines, ls, n_r, kv / 2, dst + r.offset, l.k_mul / 2);
+        if (kv % 2) {
+          for (int64_t x = 0; x < n_r; ++x) {
+            dst[k_part(kv - 1) + x * 2] = convert<D>(lines[x * ls + kv - 1]);
+          }
+        }
+        continue;
+      }
+    }
+    if constexpr (Pairs && std::is_same_v<D, S> && std::is_same_v<S, uint16_t>) {
+      if (ls == 1 && l.stride == 2) {
+        interleave_pairs(base + r.first, ks, n_r, kv, dst + r.offset, l.k_mul);
         continue;
       }
     }
@@ -134,11 +217,10 @@ void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int
       for (int64_t k = 0; k < kv; ++k) {
         const S* at_k = base + k * ks + r.first * ls;
         D* out = dst + k_part(k) + r.offset;
-        const int64_t n_k = r.last - r.first;
         if (ls == 1 && l.stride == 1) {  // a run of both: let the compiler vectorize it
-          for (int64_t x = 0; x < n_k; ++x) out[x] = convert<D>(at_k[x]);
+          for (int64_t x = 0; x < n_r; ++x) out[x] = convert<D>(at_k[x]);
         } else {
-          for (int64_t x = 0; x < n_k; ++x) out[x * l.stride] = convert<D>(at_k[x * ls]);
+          for (int64_t x = 0; x < n_r; ++x) out[x * l.stride] = convert<D>(at_k[x * ls]);
         }
       }
     }
