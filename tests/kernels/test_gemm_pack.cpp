@@ -166,17 +166,23 @@ TEST_P(GemmPack, F32SourcesRoundIntoBf16Layouts) {
     src[(i * 37) % src.size()] = std::bit_cast<float>(specials[i]);
     src[src.size() - 1 - i] = std::bit_cast<float>(specials[i]);
   }
-  std::vector<char> dst(size_t(gemm::b_panel_bytes(uk, kc)));
-  gemm::pack_b(uk, gemm::Mat{src.data(), 1, kc, DType::f32}, 0, width, 0, kc, kc, dst.data());
-  const bool f32_layout = uk.b == gemm::BPack::f32;
-  const std::vector<float> got = unpack(dst, f32_layout);
-  for (int64_t j = 0; j < width; ++j) {
-    for (int64_t k = 0; k < kc; ++k) {
-      const float v = src[size_t(j * kc + k)];
-      const float want = f32_layout ? v : bf16_to_float(float_to_bf16(v));
-      ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(b_index(uk.b, uk.nr, j, k))]),
-                std::bit_cast<uint32_t>(want))
-          << "column " << j << " k " << k;
+  // The values of column j at k in either orientation: k contiguous (src[j *
+  // kc + k]) or the columns contiguous at each k (src[k * width + j]).
+  for (const bool k_contiguous : {true, false}) {
+    SCOPED_TRACE(k_contiguous ? "k contiguous" : "columns contiguous");
+    const int64_t rs = k_contiguous ? 1 : width, cs = k_contiguous ? kc : 1;
+    std::vector<char> dst(size_t(gemm::b_panel_bytes(uk, kc)));
+    gemm::pack_b(uk, gemm::Mat{src.data(), rs, cs, DType::f32}, 0, width, 0, kc, kc, dst.data());
+    const bool f32_layout = uk.b == gemm::BPack::f32;
+    const std::vector<float> got = unpack(dst, f32_layout);
+    for (int64_t j = 0; j < width; ++j) {
+      for (int64_t k = 0; k < kc; ++k) {
+        const float v = src[size_t(k * rs + j * cs)];
+        const float want = f32_layout ? v : bf16_to_float(float_to_bf16(v));
+        ASSERT_EQ(std::bit_cast<uint32_t>(got[size_t(b_index(uk.b, uk.nr, j, k))]),
+                  std::bit_cast<uint32_t>(want))
+            << "column " << j << " k " << k;
+      }
     }
   }
 }

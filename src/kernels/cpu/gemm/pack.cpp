@@ -142,26 +142,35 @@ void transpose_units(const S* base, int64_t ls, int64_t n, int64_t units, void* 
   }
 }
 
-// bf16 pairs from lines contiguous at each k (a weight's columns in dx):
-// rows k and k + 1 interleaved, dst[(k / 2) * k_mul + 2 x + (k & 1)]; past
-// an odd kv the pair's second half is zero, as the layout pads K.
-void interleave_pairs(const uint16_t* base, int64_t ks, int64_t n, int64_t kv, uint16_t* dst,
+// bf16 pairs from lines contiguous at each k (V and a weight's columns in
+// dx; the attention's f32 P^T and dS^T, rounded): rows k and k + 1
+// interleaved, dst[(k / 2) * k_mul + 2 x + (k & 1)]; past an odd kv the
+// pair's second half is zero, as the layout pads K.
+template <class S>
+void interleave_pairs(const S* base, int64_t ks, int64_t n, int64_t kv, uint16_t* dst,
                       int64_t k_mul) {
   for (int64_t k = 0; k < kv; k += 2) {
-    const uint16_t* r0 = base + k * ks;
-    const uint16_t* r1 = k + 1 < kv ? r0 + ks : nullptr;
+    const S* r0 = base + k * ks;
+    const S* r1 = k + 1 < kv ? r0 + ks : nullptr;
     uint16_t* d = dst + (k >> 1) * k_mul;
     int64_t x = 0;
     for (; x + 8 <= n; x += 8) {
-      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + x));
-      const __m128i b =
-          r1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1 + x)) : _mm_setzero_si128();
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * x), _mm_unpacklo_epi16(a, b));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * x + 8), _mm_unpackhi_epi16(a, b));
+      if constexpr (std::is_same_v<S, float>) {
+        const __m256i lo = round8_bf16(_mm256_loadu_ps(r0 + x));
+        const __m256i hi = r1 ? round8_bf16(_mm256_loadu_ps(r1 + x)) : _mm256_setzero_si256();
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + 2 * x),
+                            _mm256_or_si256(lo, _mm256_slli_epi32(hi, 16)));
+      } else {
+        const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(r0 + x));
+        const __m128i hi =
+            r1 ? _mm_loadu_si128(reinterpret_cast<const __m128i*>(r1 + x)) : _mm_setzero_si128();
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * x), _mm_unpacklo_epi16(lo, hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(d + 2 * x + 8), _mm_unpackhi_epi16(lo, hi));
+      }
     }
     for (; x < n; ++x) {
-      d[2 * x] = r0[x];
-      d[2 * x + 1] = r1 ? r1[x] : uint16_t(0);
+      d[2 * x] = convert<uint16_t>(r0[x]);
+      d[2 * x + 1] = r1 ? convert<uint16_t>(r1[x]) : uint16_t(0);
     }
   }
 }
@@ -200,8 +209,6 @@ void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int
         }
         continue;
       }
-    }
-    if constexpr (Pairs && std::is_same_v<D, S> && std::is_same_v<S, uint16_t>) {
       if (ls == 1 && l.stride == 2) {
         interleave_pairs(base + r.first, ks, n_r, kv, dst + r.offset, l.k_mul);
         continue;
