@@ -207,30 +207,46 @@ F8 score8(F8 dot, F8 scale) {
 
 // ---------------------------------------------------------------- forward
 
+// The vectors of a block row that hold keys [a, e): [c0, c1), in steps of
+// 8. Only those are computed (the rest of the row's probabilities are zero);
+// masks are needed only where a vector straddles a or e.
+struct RowSpan {
+  int64_t c0, c1;
+  bool masked;
+  RowSpan(int64_t a, int64_t e) : c0(a / 8 * 8), c1(round_up(e, 8)), masked(a % 8 || e % 8) {}
+  void zero_outside(float* row, int64_t blk) const {
+    std::fill(row, row + c0, 0.f);
+    std::fill(row + c1, row + blk, 0.f);
+  }
+};
+
 // One query row's online-softmax step over a key block: scores s_r (raw dot
-// products, blk of them, those outside [a, e) ignored) become p_r =
-// exp(s - m) with m the running max; the running sum l and the row of the
-// accumulator o_r (width Pv_n) are rescaled when m grows.
+// products, blk of them, those outside [a, e) ignored; overwritten with the
+// scaled scores) become p_r = exp(s - m) with m the running max; the running
+// sum l and the row of the accumulator o_r (width Pv_n) are rescaled when m
+// grows.
 template <class T>
-void softmax_step(const Flash& f, const float* s_r, float* p_r, int64_t a, int64_t e, float& m,
+void softmax_step(const Flash& f, float* s_r, float* p_r, int64_t a, int64_t e, float& m,
                   float& l, float* o_r) {
   const F8 scale = _mm256_set1_ps(f.scale), neg_inf = _mm256_set1_ps(-INFINITY);
+  const RowSpan span(a, e);
   F8 mx = neg_inf;
-  for (int64_t c = 0; c < f.blk; c += 8) {
-    const F8 in = flash::in_range(c, a, e);
-    mx = _mm256_max_ps(mx,
-                       _mm256_blendv_ps(neg_inf, score8<T>(_mm256_loadu_ps(s_r + c), scale), in));
+  for (int64_t c = span.c0; c < span.c1; c += 8) {
+    F8 s = score8<T>(_mm256_loadu_ps(s_r + c), scale);
+    if (span.masked) s = _mm256_blendv_ps(neg_inf, s, flash::in_range(c, a, e));
+    _mm256_storeu_ps(s_r + c, s);
+    mx = _mm256_max_ps(mx, s);
   }
   const float m_new = std::max(m, flash::hmax8(mx));
   const F8 mv = _mm256_set1_ps(m_new);
   F8 sum = _mm256_setzero_ps();
-  for (int64_t c = 0; c < f.blk; c += 8) {
-    const F8 in = flash::in_range(c, a, e);
-    const F8 s = score8<T>(_mm256_loadu_ps(s_r + c), scale);
-    const F8 p = _mm256_and_ps(flash::exp8(_mm256_sub_ps(s, mv)), in);
+  for (int64_t c = span.c0; c < span.c1; c += 8) {
+    F8 p = flash::exp8(_mm256_sub_ps(_mm256_loadu_ps(s_r + c), mv));
+    if (span.masked) p = _mm256_and_ps(p, flash::in_range(c, a, e));
     _mm256_storeu_ps(p_r + c, p);
     sum = _mm256_add_ps(sum, p);
   }
+  span.zero_outside(p_r, f.blk);
   // alpha = exp(m - m_new): 0 before the first key (m = -inf), 1 while the
   // max stays.
   const float alpha =
@@ -327,14 +343,21 @@ template <class T>
 void probs_and_grads(const Flash& f, const float* s_r, const float* dp_r, int64_t a, int64_t e,
                      float lse, float D, float* p_r, float* ds_r) {
   const F8 scale = _mm256_set1_ps(f.scale), lv = _mm256_set1_ps(lse), Dv = _mm256_set1_ps(D);
-  for (int64_t c = 0; c < f.blk; c += 8) {
-    const F8 in = flash::in_range(c, a, e);
+  const RowSpan span(a, e);
+  for (int64_t c = span.c0; c < span.c1; c += 8) {
     const F8 s = score8<T>(_mm256_loadu_ps(s_r + c), scale);
-    const F8 p = _mm256_and_ps(flash::exp8(_mm256_sub_ps(s, lv)), in);
-    const F8 dp = _mm256_and_ps(_mm256_loadu_ps(dp_r + c), in);  // masked lanes may be garbage
+    F8 p = flash::exp8(_mm256_sub_ps(s, lv));
+    F8 dp = _mm256_loadu_ps(dp_r + c);
+    if (span.masked) {
+      const F8 in = flash::in_range(c, a, e);
+      p = _mm256_and_ps(p, in);
+      dp = _mm256_and_ps(dp, in);  // masked lanes may be garbage
+    }
     _mm256_storeu_ps(p_r + c, p);
     _mm256_storeu_ps(ds_r + c, _mm256_mul_ps(_mm256_mul_ps(p, _mm256_sub_ps(dp, Dv)), scale));
   }
+  span.zero_outside(p_r, f.blk);
+  span.zero_outside(ds_r, f.blk);
 }
 
 template <class T>
