@@ -2,6 +2,9 @@
 BUILD      ?= build
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
+# The venv the Python package is built and tested in (scripts/python_env.sh):
+# one per machine, outside the checkout, so clones and `make clean` keep it.
+VENV       ?= $(HOME)/.cache/tiermoe/venv
 
 .PHONY: all deps build run test test-sanitize bench report-check fuzz fresh-check clean
 
@@ -22,7 +25,13 @@ build: deps $(BUILD)/build.ninja
 run: build
 	$(BUILD)/tiermoe train
 
-test: build
+# The C++ suite and the Python package's (tests/python, label python), the
+# extension built into $(BUILD)/python against the venv's interpreter.
+test: deps
+	@scripts/python_env.sh $(VENV)
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release -DTIERMOE_PYTHON=ON \
+	  -DPython_EXECUTABLE=$(VENV)/bin/python $(CMAKE_ARGS)
+	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
 # The whole suite under AddressSanitizer and UndefinedBehaviorSanitizer.

@@ -12,6 +12,7 @@ packages=(
   libgtest-dev libgmock-dev googletest
   libbenchmark-dev     # bench/ (Google Benchmark)
   libopenmpi-dev openmpi-bin  # expert parallelism between processes (mpirun), the ep tests
+  python3-venv python3-dev    # the Python package: make test's venv, the extension's headers
 )
 
 missing=()

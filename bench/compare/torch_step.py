@@ -2,7 +2,10 @@
 
 The checkpoint is loaded as shipped (transformers 5, `sdpa` attention, or
 `eager` for gpt-oss, whose sinks sdpa does not take; `grouped_mm` experts), in --dtype; LoRA (PEFT) on the attention projections
-or every parameter trained (--mode full); AdamW (torch's, foreach); the
+or every parameter trained (--mode full); --experts picks the MoE blocks
+implementation: transformers' grouped_mm (default) or eager, TierMoE's
+experts backend (tiermoe: experts_implementation="tiermoe") or its whole
+block (patch: tiermoe.torch.patch after PEFT); AdamW (torch's, foreach); the
 batches are the windows `tiermoe train --no-shuffle` draws from the same
 token file: step s takes windows [s*B, s*B + B), window w being tokens
 [w*L, w*L + L) with the next tokens as targets. Prints one JSON object: the
@@ -34,6 +37,8 @@ def main():
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p.add_argument("--experts", choices=["grouped_mm", "eager", "tiermoe", "patch"],
+                   default="grouped_mm")
     args = p.parse_args()
 
     import transformers
@@ -41,14 +46,20 @@ def main():
     dtype = torch.float32 if args.dtype == "f32" else torch.bfloat16
     config = transformers.AutoConfig.from_pretrained(args.model)
     attn = "eager" if config.model_type == "gpt_oss" else "sdpa"
+    experts = {"tiermoe": "tiermoe", "patch": "grouped_mm"}.get(args.experts, args.experts)
+    if experts == "tiermoe":
+        import tiermoe.transformers  # noqa: F401  (registers the backend)
     model = transformers.AutoModelForCausalLM.from_pretrained(
-        args.model, dtype=dtype, attn_implementation=attn, experts_implementation="grouped_mm")
+        args.model, dtype=dtype, attn_implementation=attn, experts_implementation=experts)
     model.config.use_cache = False
     if args.mode == "lora":
         import peft
         cfg = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
                               target_modules=args.lora_targets.split(","))
         model = peft.get_peft_model(model, cfg)
+    if args.experts == "patch":
+        import tiermoe.torch
+        tiermoe.torch.patch(model, threads=args.threads)
     model.train()
     params = [q for q in model.parameters() if q.requires_grad]
     opt = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
@@ -81,6 +92,7 @@ def main():
               file=sys.stderr)
     step = statistics.median(times)
     print(json.dumps({"impl": "transformers+peft" if args.mode == "lora" else "transformers",
+                      "experts": args.experts,
                       "torch": torch.__version__, "transformers": transformers.__version__,
                       "mode": args.mode, "dtype": args.dtype, "threads": args.threads,
                       "step_time_s": step, "tokens_per_s": B * L / step, "losses": losses}))

@@ -1,0 +1,106 @@
+"""What TierMoE reads of each transformers 5 MoE family: its experts class and its MoE block.
+
+Classes are matched by name, so that a module transformers does not define in
+one of these families (another model's experts with its own gate function) is
+refused rather than computed wrongly.
+"""
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from . import _core
+from ._ops import DTYPE_NAMES, EngineMoe
+
+# Experts classes: swiglu (silu(gate) * up, gate rows then up rows) or gpt_oss
+# (the clamped GLU on interleaved gate/up columns, biases, x-major weights).
+EXPERTS = {
+    "Qwen3MoeExperts": "swiglu",
+    "Qwen2MoeExperts": "swiglu",
+    "MixtralExperts": "swiglu",
+    "OlmoeExperts": "swiglu",
+    "Glm4MoeExperts": "swiglu",
+    "DeepseekV3Experts": "swiglu",
+    "GptOssExperts": "gpt_oss",
+}
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    router_attr: str  # the router submodule: "gate" or "router"
+    router: str  # the engine's router kind: softmax_topk, deepseek_v3 or gpt_oss
+    # Whether the top-k weights are renormalised to sum 1 (softmax_topk).
+    renormalize: Callable[[torch.nn.Module], bool] = lambda gate: gate.norm_topk_prob
+    # The shared expert's output for x_TD, added to the routed experts'.
+    shared: Optional[Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]] = None
+    returns_scores: bool = False  # gpt-oss's block returns (out, router_scores)
+    jitter: bool = False  # Mixtral's router_jitter_noise in training
+
+
+def _qwen2_shared(block, x_TD):
+    return torch.sigmoid(block.shared_expert_gate(x_TD)) * block.shared_expert(x_TD)
+
+
+def _deepseek_shared(block, x_TD):
+    return block.shared_experts(x_TD)
+
+
+BLOCKS = {
+    "Qwen3MoeSparseMoeBlock": BlockSpec("gate", "softmax_topk"),
+    "OlmoeSparseMoeBlock": BlockSpec("gate", "softmax_topk"),
+    "MixtralSparseMoeBlock": BlockSpec("gate", "softmax_topk", renormalize=lambda gate: True,
+                                       jitter=True),
+    "Qwen2MoeSparseMoeBlock": BlockSpec("gate", "softmax_topk", shared=_qwen2_shared),
+    "Glm4MoeMoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
+    "DeepseekV3MoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
+    "GptOssMLP": BlockSpec("router", "gpt_oss", renormalize=lambda gate: False,
+                           returns_scores=True),
+}
+
+
+def experts_params(experts: torch.nn.Module):
+    """The experts' parameters in their HF layout: gate_up_proj, down_proj, then the biases or None."""
+    bias = getattr(experts, "has_bias", False)
+    return (experts.gate_up_proj, experts.down_proj,
+            experts.gate_up_proj_bias if bias else None, experts.down_proj_bias if bias else None)
+
+
+def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
+                remat: str = "default", block: Optional[torch.nn.Module] = None, spec: Optional[BlockSpec] = None) -> EngineMoe:
+    """The engine op for an experts module (and, with `block`, its router)."""
+    kind = type(experts).__name__
+    activation = EXPERTS.get(kind)
+    if activation is None:
+        raise _core.TierMoEError(
+            f"{name}: experts class {kind} is not one TierMoE runs "
+            f"(hint: supported: {', '.join(sorted(EXPERTS))})")
+    if getattr(experts, "has_post_expert_norm", False):
+        raise _core.TierMoEError(f"{name}: experts with a post-expert norm are not supported")
+    if activation == "swiglu" and type(getattr(experts, "act_fn", None)).__name__ not in (
+            "SiLUActivation", "SiLU"):
+        raise _core.TierMoEError(
+            f"{name}: hidden_act is {type(experts.act_fn).__name__}; TierMoE's experts are SwiGLU "
+            "(hint: hidden_act must be silu)")
+    w13 = experts.gate_up_proj
+    dtype = w13.dtype
+    if dtype not in DTYPE_NAMES:
+        raise _core.TierMoEError(
+            f"{name}: the experts are {dtype} (hint: TierMoE computes in float64, float32 or bfloat16)")
+    transposed = bool(getattr(experts, "is_transposed", False))
+    if transposed:
+        E, D, F2 = w13.shape
+    else:
+        E, F2, D = w13.shape
+    kwargs = dict(num_experts=E, hidden=D, ffn=F2 // 2, activation=activation,
+                  bias=bool(getattr(experts, "has_bias", False)), dtype=DTYPE_NAMES[dtype],
+                  absorb=absorb, remat=remat, name=name)
+    if activation == "gpt_oss":
+        kwargs.update(alpha=float(experts.alpha), limit=float(experts.limit))
+    if block is not None:
+        gate = getattr(block, spec.router_attr)
+        kwargs.update(router=spec.router, top_k=int(gate.top_k),
+                      norm_topk_prob=bool(spec.renormalize(gate)))
+        if spec.router == "deepseek_v3":
+            kwargs.update(n_group=int(gate.num_group), topk_group=int(gate.topk_group),
+                          routed_scaling_factor=float(gate.routed_scaling_factor))
+    return EngineMoe(_core.MoeOp(**kwargs), name, dtype, transposed)

@@ -1,0 +1,187 @@
+"""The engine's MoE block as torch.autograd.Functions, shared by both entry points.
+
+An EngineMoe is one transformers MoE module's engine op (tiermoe._core.MoeOp)
+and the tensors it is bound to. The engine reads torch's memory where it lies
+(DLPack views, no copy); for gpt-oss's x-major experts ([E, D, 2F], [E, F, D])
+it reads a transposed copy made once per weight change. A binding is renewed
+only when a tensor's version counter or address moves, so frozen experts are
+packed for the grouped kernels once, and trainable ones again after each
+optimizer step.
+
+What the engine keeps for backward (a MoeSaved) points into the forward's
+inputs: each Function keeps those tensors on its ctx for as long as it lives.
+"""
+import weakref
+
+import torch
+
+from . import _core
+
+DTYPE_NAMES = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16"}
+
+
+def score_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Router scores and their gradients: fp32 for f32 and bf16 runs, f64 in f64."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _engine_view(t: torch.Tensor) -> torch.Tensor:
+    # DLPack refuses tensors that require grad; detach() shares the memory.
+    return t.detach().contiguous()
+
+
+def _from_engine(array) -> torch.Tensor:
+    return torch.from_dlpack(array)
+
+
+def check_input(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
+    if x.device.type != "cpu":
+        raise _core.TierMoEError(
+            f"{name}: hidden_states are on {x.device}; this TierMoE path runs CPU tensors "
+            "(hint: keep the model on the CPU; CUDA inputs come with the device tier from Python)")
+    if x.dtype != dtype:
+        raise _core.TierMoEError(
+            f"{name}: hidden_states are {x.dtype} but the experts are {dtype} "
+            "(hint: load the model in one dtype, e.g. from_pretrained(..., dtype=torch.bfloat16))")
+
+
+class EngineMoe:
+    """One MoE module's engine op and the torch tensors it reads."""
+
+    def __init__(self, op: "_core.MoeOp", name: str, dtype: torch.dtype, transposed: bool):
+        self.op = op
+        self.name = name
+        self.dtype = dtype
+        self.transposed = transposed  # HF keeps the experts x-major (gpt-oss)
+        self._experts_key = None
+        self._experts_held = ()
+        self._router_key = None
+        self._router_held = ()
+
+    @staticmethod
+    def _key(tensors):
+        return tuple((t.data_ptr(), t._version) if t is not None else None for t in tensors)
+
+    def sync_experts(self, w13, w2, b13=None, b2=None):
+        """Binds the experts' weights (HF layout) unless they are unchanged since the last bind."""
+        key = self._key((w13, w2, b13, b2))
+        if key == self._experts_key:
+            return
+        for n, t in (("gate_up_proj", w13), ("down_proj", w2), ("gate_up_proj_bias", b13),
+                     ("down_proj_bias", b2)):
+            if t is not None and t.dtype != self.dtype:
+                raise _core.TierMoEError(
+                    f"{self.name}.experts.{n} is {t.dtype}, the module computes in {self.dtype} "
+                    "(hint: keep every expert tensor in the model's dtype)")
+        if self.transposed:
+            w13, w2 = w13.transpose(1, 2), w2.transpose(1, 2)
+        held = tuple(_engine_view(t) if t is not None else None for t in (w13, w2, b13, b2))
+        self.op.bind_experts(*held)
+        self._experts_held = held  # the engine reads these until the next bind
+        self._experts_key = key
+
+    def sync_router(self, weight, bias=None, selection_bias=None):
+        """Binds the router's weight (compute dtype) and biases (score dtype)."""
+        key = self._key((weight, bias, selection_bias))
+        if key == self._router_key:
+            return
+        sd = score_dtype(self.dtype)
+        # A router weight kept wider than the model (DeepSeek-V3 declares it
+        # float32) is read at the compute dtype, as the engine's router takes it.
+        held = (_engine_view(weight.to(self.dtype)),
+                _engine_view(bias.to(sd)) if bias is not None else None,
+                _engine_view(selection_bias.to(sd)) if selection_bias is not None else None)
+        self.op.bind_router(*held)
+        self._router_held = held
+        self._router_key = key
+
+    def expert_grads(self, params, wanted):
+        """The last backward's expert gradients in the HF layout and dtype of `params`."""
+        out = []
+        for name, p, want in zip(("w13", "w2", "b13", "b2"), params, wanted):
+            if not want:
+                out.append(None)
+                continue
+            g = _from_engine(self.op.grad(name))
+            if self.transposed and g.dim() == 3:
+                g = g.transpose(1, 2)
+            out.append(g.to(p.dtype).contiguous())
+        return out
+
+
+class RoutedMoe(torch.autograd.Function):
+    """out_TD = experts(x_TD) under transformers' routing (the experts backend).
+
+    Inputs: the EngineMoe, x_TD, ids_TK, weights_TK and the experts' parameters
+    in their HF layout (gate_up_proj, down_proj[, gate_up_proj_bias, down_proj_bias]),
+    so that autograd hands their gradients to whatever trains them.
+    """
+
+    @staticmethod
+    def forward(ctx, engine, x, ids, weights, *params):
+        expert_grads = any(ctx.needs_input_grad[4:])
+        x_c = _engine_view(x)
+        w_c = _engine_view(weights.to(score_dtype(engine.dtype)))
+        ids_c = ids.detach().contiguous()
+        saved = _core.MoeSaved()
+        out = _from_engine(engine.op.forward_routed(saved, x_c, ids_c, w_c, expert_grads))
+        ctx.engine, ctx.saved, ctx.keep = engine, saved, (x_c, w_c)
+        ctx.weights_dtype = weights.dtype
+        ctx.params = params
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        engine = ctx.engine
+        dx, dweights = engine.op.backward(ctx.saved, _engine_view(dout))
+        grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[4:])
+        return (None, _from_engine(dx), None, _from_engine(dweights).to(ctx.weights_dtype), *grads)
+
+
+class BlockMoe(torch.autograd.Function):
+    """(out_TD, logits_TE) = the whole routed block, the router included (tiermoe.torch.patch).
+
+    Inputs: the EngineMoe, x_TD, the router's weight and bias (or None), its
+    e_score_correction_bias (or None; selection only, no gradient), then the
+    experts' parameters in their HF layout. The logits' gradient (the aux
+    loss's, when the model computes one) reaches the engine's router.
+    """
+
+    @staticmethod
+    def forward(ctx, engine, x, router_weight, router_bias, selection_bias, *params):
+        expert_grads = any(ctx.needs_input_grad[5:])
+        x_c = _engine_view(x)
+        saved = _core.MoeSaved()
+        out, logits = engine.op.forward(saved, x_c, expert_grads)
+        ctx.engine, ctx.saved, ctx.keep = engine, saved, (x_c,)
+        ctx.router = (router_weight, router_bias)
+        ctx.params = params
+        return _from_engine(out), _from_engine(logits)
+
+    @staticmethod
+    def backward(ctx, dout, dlogits):
+        engine = ctx.engine
+        dl = _engine_view(dlogits) if dlogits is not None else None
+        dx, _ = engine.op.backward(ctx.saved, _engine_view(dout), dl)
+        weight, bias = ctx.router
+        dw = (_from_engine(engine.op.grad("router.weight")).to(weight.dtype)
+              if ctx.needs_input_grad[2] else None)
+        db = (_from_engine(engine.op.grad("router.bias")).to(bias.dtype)
+              if bias is not None and ctx.needs_input_grad[3] else None)
+        grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[5:])
+        return (None, _from_engine(dx), dw, db, None, *grads)
+
+
+# Engines by module, held beside the modules rather than on them, so that a
+# module deep-copies and pickles as transformers' own (a copy gets an engine
+# of its own on first use).
+_ENGINES = weakref.WeakKeyDictionary()
+
+
+def engine_for(module: torch.nn.Module, dtype: torch.dtype, make) -> EngineMoe:
+    """The module's engine, made on first use and again when its dtype changed (model.to())."""
+    engine = _ENGINES.get(module)
+    if engine is None or engine.dtype != dtype:
+        engine = make()
+        _ENGINES[module] = engine
+    return engine

@@ -1,0 +1,31 @@
+"""experts_implementation="tiermoe": transformers 5's experts modules, run by TierMoE.
+
+    import tiermoe.transformers
+    model = AutoModelForCausalLM.from_pretrained(path, experts_implementation="tiermoe")
+    # or, on a loaded model: model.set_experts_implementation("tiermoe")
+
+transformers' router stays in PyTorch and trains as usual; the dispatch, the
+experts (TierMoE's grouped host kernels) and the combine run in the engine,
+the router scores absorbed before W2 unless the experts carry a post-expert
+norm. Expert weights are read where torch holds them; trainable experts get
+their gradients in .grad like any parameter.
+"""
+from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
+
+from ._families import experts_params, make_engine
+from ._ops import RoutedMoe, check_input, engine_for
+
+NAME = "tiermoe"
+
+
+def experts_forward(self, hidden_states, top_k_index, top_k_weights):
+    """The ExpertsInterface function: out_TD = experts(hidden_states) under the given routing."""
+    params = experts_params(self)
+    engine = engine_for(self, params[0].dtype,
+                        lambda: make_engine(self, f"{type(self).__name__} (experts_implementation='tiermoe')"))
+    check_input(engine.name, hidden_states, engine.dtype)
+    engine.sync_experts(*params)
+    return RoutedMoe.apply(engine, hidden_states, top_k_index, top_k_weights, *params)
+
+
+ALL_EXPERTS_FUNCTIONS.register(NAME, experts_forward)
