@@ -4,7 +4,8 @@
 # Builds a clean Debian 12 (bookworm) root with debootstrap under build-fresh/,
 # copies a clean `git clone` of HEAD into it (uncommitted files are not part of
 # the check), installs the README's stated prerequisites (git, make) and runs
-# the README's two commands there, `make run` then `make test`, inside a chroot.
+# the README's two commands there, `make run` then `make test`, inside a chroot,
+# then `pip install .` and `pip wheel .` of the Python package in a clean venv.
 # The root holds only what Debian installs in it: no host CUDA toolkit, no
 # ccache, none of the host's environment. It is the "fresh Debian machine
 # without extras" case.
@@ -263,6 +264,22 @@ make_test() {
   echo "$n_failed known failure(s) from $(basename "$known_failures")" >"$logs/note"
 }
 
+# The Python package as a user installs it: `pip install .` into a clean venv
+# (build isolation fetches scikit-build-core and nanobind from PyPI; no torch),
+# then the import and the console command; `pip wheel .` after it.
+pip_install() {
+  # shellcheck disable=SC2016 # expanded inside the chroot
+  in_root '
+    set -e
+    python3 -m venv /root/pip-check
+    /root/pip-check/bin/pip install --quiet /root/tiermoe
+    /root/pip-check/bin/python -c "import tiermoe; print(\"import tiermoe:\", tiermoe.__version__)"
+    /root/pip-check/bin/tiermoe --help | head -n 3
+    /root/pip-check/bin/pip wheel --quiet --no-deps -w /root/wheels /root/tiermoe
+    ls -l /root/wheels
+  '
+}
+
 if [ -f "$base_tar" ]; then
   stage base unpack_base
 else
@@ -274,4 +291,5 @@ mount_all
 stage prerequisites prerequisites
 stage make-run in_root 'cd /root/tiermoe && make run'
 stage make-test make_test
+stage pip-install pip_install
 verdict="PASS"
