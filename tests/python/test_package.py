@@ -99,3 +99,13 @@ def test_an_unknown_remat_policy_names_the_flag():
 def test_engine_errors_carry_where_and_hint():
     with pytest.raises(tiermoe.TierMoEError, match="absorb_scores"):
         tiermoe.torch.patch(twin(stock_f64("qwen3_moe")), absorb_scores="maybe")
+
+
+def test_hidden_states_off_the_cpu_are_refused():
+    model = twin(stock_f64("qwen3_moe"))
+    model.set_experts_implementation("tiermoe")
+    experts = model.model.layers[0].mlp.experts
+    x = torch.zeros(3, 16, dtype=torch.float64, device="meta")
+    ids = torch.zeros(3, 2, dtype=torch.long, device="meta")
+    with pytest.raises(tiermoe.TierMoEError, match="hidden_states are on meta; this TierMoE path runs CPU"):
+        experts(x, ids, torch.zeros(3, 2, dtype=torch.float64, device="meta"))
