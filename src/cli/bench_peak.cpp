@@ -1,7 +1,8 @@
-// tiermoe bench peak: the multiply-add peak the other benchmarks set their
-// rates against (kernels/cpu_peak.h), on its own: for f32 and bf16 products
-// on the process's ISA, with as many threads as a run would use, measured
-// twice and the higher kept (a slow stretch of a shared host reads low).
+// tiermoe bench peak: the multiply-add peak and the memory read bandwidth the
+// other benchmarks set their rates against (kernels/cpu_peak.h), on their
+// own: for f32 and bf16 products on the process's ISA, and a stream read,
+// with as many threads as a run would use, each measured twice and the
+// higher kept (a slow stretch of a shared host reads low).
 // Scripts that compare whole steps (bench/compare/step.sh) call it before
 // and after their runs. --json prints one object on the last line.
 #include <algorithm>
@@ -41,6 +42,15 @@ void run_bench_peak(const BenchPeakOptions& o) {
                 << cpu_isa_name(isa) << ", " << threads << " threads)\n";
     }
   }
+  double bandwidth = 0;
+  for (int round = 0; round < 2; ++round) {
+    bandwidth = std::max(bandwidth, measure_read_bandwidth(threads, o.seconds));
+  }
+  j["read_bytes_per_s"] = bandwidth;
+  if (!o.json) {
+    std::cout << "memory read bandwidth  " << bandwidth * 1e-9 << " GB/s (a 512 MiB stream, "
+              << threads << " threads)\n";
+  }
   if (o.json) std::cout << j.dump() << "\n";
 }
 
@@ -49,7 +59,8 @@ void run_bench_peak(const BenchPeakOptions& o) {
 void add_bench_peak(CLI::App* bench) {
   auto o = std::make_shared<BenchPeakOptions>();
   CLI::App* p = bench->add_subcommand(
-      "peak", "The ISA's multiply-add peak in f32 and bf16 on this machine, measured now");
+      "peak",
+      "The ISA's multiply-add peak in f32 and bf16, and the memory read bandwidth, measured now");
   p->fallthrough();
   p->add_option("--threads", o->threads, "Threads (0: all cores)")
       ->capture_default_str()

@@ -18,14 +18,17 @@ namespace tiermoe {
 std::string ExpertKernelBenchResult::to_json() const {
   std::ostringstream os;
   os << "{\"isa\": \"" << isa << "\", \"dtype\": \"" << dtype << "\", \"threads\": " << threads
-     << ", \"peak_tflops\": " << peak_tflops << ", \"pack_s\": " << pack_s
+     << ", \"peak_tflops\": " << peak_tflops << ", \"read_gbps\": " << read_gbps
+     << ", \"pack_s\": " << pack_s
      << ", \"repack_s\": " << repack_s << ", \"pack_bytes\": " << pack_bytes << ", \"kernels\": [";
   for (size_t i = 0; i < timings.size(); ++i) {
     const ExpertKernelTiming& t = timings[i];
     os << (i ? ", " : "") << "{\"kernel\": \"" << t.kernel
        << "\", \"rows_per_expert\": " << t.rows_per_expert << ", \"experts\": " << t.experts
        << ", \"seconds\": " << t.seconds << ", \"tflops\": " << t.tflops
-       << ", \"of_peak\": " << t.of_peak << "}";
+       << ", \"of_peak\": " << t.of_peak << ", \"bytes\": " << t.bytes
+       << ", \"roofline_tflops\": " << t.roofline_tflops << ", \"of_roofline\": " << t.of_roofline
+       << "}";
   }
   os << "]}";
   return os.str();
@@ -34,16 +37,17 @@ std::string ExpertKernelBenchResult::to_json() const {
 std::string ExpertKernelBenchResult::to_table() const {
   std::ostringstream os;
   char line[160];
-  std::snprintf(line, sizeof line, "ISA %s, %s, %d threads, measured peak %.3f TFLOP/s\n",
-                isa.c_str(), dtype.c_str(), threads, peak_tflops);
+  std::snprintf(line, sizeof line,
+                "ISA %s, %s, %d threads, measured peak %.3f TFLOP/s, memory read %.1f GB/s\n",
+                isa.c_str(), dtype.c_str(), threads, peak_tflops, read_gbps);
   os << line;
-  std::snprintf(line, sizeof line, "%-8s %8s %8s %10s %9s %8s\n", "kernel", "rows/exp", "experts",
-                "seconds", "TFLOP/s", "of peak");
+  std::snprintf(line, sizeof line, "%-8s %8s %8s %10s %9s %8s %9s %8s\n", "kernel", "rows/exp",
+                "experts", "seconds", "TFLOP/s", "of peak", "roofline", "of roof");
   os << line;
   for (const ExpertKernelTiming& t : timings) {
-    std::snprintf(line, sizeof line, "%-8s %8lld %8lld %10.5f %9.4f %7.1f%%\n", t.kernel.c_str(),
-                  (long long)t.rows_per_expert, (long long)t.experts, t.seconds, t.tflops,
-                  100 * t.of_peak);
+    std::snprintf(line, sizeof line, "%-8s %8lld %8lld %10.5f %9.4f %7.1f%% %9.4f %7.1f%%\n",
+                  t.kernel.c_str(), (long long)t.rows_per_expert, (long long)t.experts, t.seconds,
+                  t.tflops, 100 * t.of_peak, t.roofline_tflops, 100 * t.of_roofline);
     os << line;
   }
   std::snprintf(line, sizeof line,
@@ -79,6 +83,7 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
   res.dtype = std::string(dtype_name(opt.dtype));
   res.threads = num_threads();
   res.peak_tflops = measure_peak_flops(cpu_isa(), opt.dtype, res.threads) / 1e12;
+  res.read_gbps = measure_read_bandwidth(res.threads) / 1e9;
   ExpertPacks& packs = experts.packs();
   auto pack_all = [&] {
     for (ExpertPack p :
@@ -111,9 +116,13 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
     struct Kernel {
       const char* name;
       double flops;
+      double bytes;  // weights (or their gradients) once, activation rows once
       std::function<void()> run;
     };
     const double mnk = 2.0 * double(N) * double(D) * double(F);
+    const double sz = double(dtype_size(opt.dtype)), gsz = double(dtype_size(experts.grad_dtype()));
+    const double w2_bytes = double(G) * double(D) * double(F) * sz, w13_bytes = 2 * w2_bytes;
+    const double row_D = double(N) * double(D) * sz, row_F = double(N) * double(F) * sz;
     // The weight gradients as a full fine-tuning backward computes them: per
     // expert, spread over the cores expert by expert (for_each_expert), each
     // a sum over its rows in the tier's row blocks (moe/expert_math.h) into a
@@ -138,19 +147,20 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
       });
     };
     const Kernel kernels[] = {
-        {"w13_glu", 2 * mnk,
+        {"w13_glu", 2 * mnk, w13_bytes + row_D + 4 * row_F,  // x in; h, a, a' out
          [&] {
            cpu::grouped_glu_forward(h, a, as, x, offset_E, packs.get(experts, ExpertPack::w13_glu),
                                     none, score);
          }},
-        {"w2", mnk,
+        {"w2", mnk, w2_bytes + row_F + row_D,
          [&] { cpu::grouped_matmul(y, as, offset_E, packs.get(experts, ExpertPack::w2)); }},
-        {"w2_dx", mnk,
+        {"w2_dx", mnk, w2_bytes + row_D + row_F,
          [&] { cpu::grouped_matmul(da, dy, offset_E, packs.get(experts, ExpertPack::w2_dx)); }},
-        {"w13_dx", 2 * mnk,
+        {"w13_dx", 2 * mnk, w13_bytes + 2 * row_F + row_D,
          [&] { cpu::grouped_matmul(dx, h, offset_E, packs.get(experts, ExpertPack::w13_dx)); }},
-        {"dw2", mnk, [&] { weight_grads(false); }},
-        {"dw13", 2 * mnk, [&] { weight_grads(true); }},
+        // the sums in the grad dtype; dw13 reads x, h and da and writes dh
+        {"dw2", mnk, w2_bytes / sz * gsz + row_F + row_D, [&] { weight_grads(false); }},
+        {"dw13", 2 * mnk, w13_bytes / sz * gsz + row_D + 5 * row_F, [&] { weight_grads(true); }},
     };
     for (const Kernel& k : kernels) {
       k.run();  // warm-up: scratch, caches
@@ -167,6 +177,7 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
       t.experts = G;
       t.seconds = times[times.size() / 2];
       t.tflops = k.flops / t.seconds / 1e12;
+      t.bytes = k.bytes;
       res.timings.push_back(t);
     }
   }
@@ -175,8 +186,13 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
   // is set against a peak measured in a slow stretch.
   res.peak_tflops =
       std::max(res.peak_tflops, measure_peak_flops(cpu_isa(), opt.dtype, res.threads) / 1e12);
+  res.read_gbps = std::max(res.read_gbps, measure_read_bandwidth(res.threads) / 1e9);
   for (ExpertKernelTiming& t : res.timings) {
     t.of_peak = res.peak_tflops > 0 ? t.tflops / res.peak_tflops : 0;
+    const double flops = t.tflops * t.seconds * 1e12;
+    t.roofline_tflops =
+        roofline_flops(res.peak_tflops * 1e12, res.read_gbps * 1e9, flops, t.bytes) / 1e12;
+    t.of_roofline = t.roofline_tflops > 0 ? t.tflops / t.roofline_tflops : 0;
   }
   return res;
 }

@@ -51,7 +51,7 @@ TEST_F(Cli, BenchMoeLayerRejectsBadFlags) {
 
 // bench peak: both dtypes' peaks on the process's ISA, the bf16 one at least
 // the f32 one (a bf16 product runs on the f32 FMAs where nothing faster
-// exists); the thread count is bounded.
+// exists), and the memory read bandwidth; the thread count is bounded.
 TEST_F(Cli, BenchPeakJsonNamesIsaThreadsAndBothPeaks) {
   RunResult r = run({"bench", "peak", "--threads", "1", "--seconds", "0.05", "--json"});
   ASSERT_EQ(r.rc, 0) << r.err;
@@ -60,6 +60,9 @@ TEST_F(Cli, BenchPeakJsonNamesIsaThreadsAndBothPeaks) {
   EXPECT_FALSE(j["isa"].get<std::string>().empty());
   EXPECT_GT(j["f32_flops"].get<double>(), 1e8);
   EXPECT_GE(j["bf16_flops"].get<double>(), 0.5 * j["f32_flops"].get<double>());
+  // A stream read on one core: above 100 MB/s, below any memory system's 1 TB/s.
+  EXPECT_GT(j["read_bytes_per_s"].get<double>(), 1e8);
+  EXPECT_LT(j["read_bytes_per_s"].get<double>(), 1e12);
   r = run({"bench", "peak", "--threads", "100000"});
   EXPECT_EQ(r.rc, 2);  // a flag out of its range, as CLI11 reports it
   EXPECT_TRUE(contains(r.err, "--threads")) << r.err;

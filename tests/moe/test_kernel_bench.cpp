@@ -3,6 +3,7 @@
 // experts per case capped by max_rows, and bad options are refused.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -37,8 +38,18 @@ TEST(ExpertKernelBench, TimesEveryKernelForEveryRowCount) {
       EXPECT_GT(t.tflops, 0) << t.kernel;
       if (r.peak_tflops > 0) {
         EXPECT_DOUBLE_EQ(t.of_peak, t.tflops / r.peak_tflops) << t.kernel;
+        // The roofline: the lower of the peak and bandwidth x intensity.
+        const double flops = t.tflops * t.seconds * 1e12;
+        const double want = std::min(r.peak_tflops, r.read_gbps * 1e9 * flops / t.bytes / 1e12);
+        EXPECT_NEAR(t.roofline_tflops, want, 1e-9 * want) << t.kernel;
+        EXPECT_DOUBLE_EQ(t.of_roofline, t.tflops / t.roofline_tflops) << t.kernel;
       }
     }
+    // W2's least traffic: its G experts' weights, a' in and y out, once.
+    const double sz = double(dtype_size(dt));
+    const ExpertKernelTiming& w2 = r.timings[names.size() + 1];
+    EXPECT_DOUBLE_EQ(w2.bytes, 2 * 32 * 16 * sz + 10 * 16 * sz + 10 * 32 * sz);
+    EXPECT_GT(r.read_gbps, 0.1);
     EXPECT_GT(r.pack_bytes, 0);
     EXPECT_NE(r.to_json().find("\"kernel\": \"dw13\""), std::string::npos);
     EXPECT_NE(r.to_table().find("dw2"), std::string::npos);

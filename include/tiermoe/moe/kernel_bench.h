@@ -3,8 +3,12 @@
 // gradients beside them timed one by one, for
 // `tiermoe bench expert-kernels`: at a preset's expert shapes, for several
 // rows per expert, each kernel's TFLOP/s beside the multiply-add peak of the
-// ISA measured in the same run (kernels/cpu_peak.h). The weights are packed
-// before timing; packing is reported on its own.
+// ISA and the memory read bandwidth measured in the same run
+// (kernels/cpu_peak.h), and as a share of its roofline, min(peak, bandwidth x
+// flops / bytes). A kernel's bytes are its weights (or weight gradients)
+// once and the activation rows it reads and writes once: what it must move
+// at the least. The weights are packed before timing; packing is reported
+// on its own.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -32,12 +36,16 @@ struct ExpertKernelTiming {
   int64_t rows_per_expert = 0, experts = 0;
   double seconds = 0, tflops = 0;
   double of_peak = 0;  // tflops / peak (0 when no peak was measured)
+  double bytes = 0;    // the least it moves: weights once, activation rows once
+  double roofline_tflops = 0;  // min(peak, bandwidth x flops / bytes)
+  double of_roofline = 0;      // tflops / roofline
 };
 
 struct ExpertKernelBenchResult {
   std::string isa, dtype;
   int threads = 0;
   double peak_tflops = 0;  // measured before and after the kernels, the higher; 0 on emulated ISAs
+  double read_gbps = 0;    // memory read bandwidth, GB/s, measured likewise
   double pack_s = 0;       // packing all four stacks once (first touch of the buffers included)
   double repack_s = 0;     // packing them again, as full fine-tuning does after each step
   int64_t pack_bytes = 0;
