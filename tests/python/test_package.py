@@ -109,3 +109,16 @@ def test_hidden_states_off_the_cpu_are_refused():
     ids = torch.zeros(3, 2, dtype=torch.long, device="meta")
     with pytest.raises(tiermoe.TierMoEError, match="hidden_states are on meta; this TierMoE path runs CPU"):
         experts(x, ids, torch.zeros(3, 2, dtype=torch.float64, device="meta"))
+
+
+def test_from_pretrained_with_experts_implementation_tiermoe(tmp_path):
+    import transformers
+    stock = stock_f64("gpt_oss")
+    stock.save_pretrained(tmp_path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path, dtype=torch.float64, experts_implementation="tiermoe")
+    assert model.config._experts_implementation == "tiermoe"
+    model(input_ids=torch.zeros(1, 4, dtype=torch.long))
+    engines = [m for m in model.modules() if m in _ops._ENGINES]
+    assert len(engines) == stock.config.num_hidden_layers
+    assert all(type(m).__name__ == "GptOssExperts" for m in engines)
