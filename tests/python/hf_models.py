@@ -119,8 +119,8 @@ SCALED = {"glm4_moe", "deepseek_v3"}
 
 
 def randomize(model, seed=0):
-    """Weights large enough that routing is decisive and every piece moves the loss, the
-    selection bias (a buffer) included."""
+    """Weights large enough that routing is decisive and every piece moves the loss; the
+    router's e_score_correction_bias (a buffer) too, so that it changes the selection."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, b in model.named_buffers():
@@ -130,8 +130,10 @@ def randomize(model, seed=0):
             noise = torch.randn(p.shape, generator=g, dtype=torch.float64)
             if "norm" in name:
                 p.copy_(1 + 0.1 * noise)
-            elif name.endswith("bias") or name.endswith(".sinks"):
+            elif name.endswith(".bias") or name.endswith("_bias"):
                 p.copy_(0.2 * noise)
+            elif name.endswith(".sinks"):  # around the scores, so some heads mostly sink
+                p.copy_(noise)
             else:
                 p.copy_(0.3 * noise)
     return model
