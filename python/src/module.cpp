@@ -131,9 +131,17 @@ NB_MODULE(_core, m) {
            },
            "weight"_a.noconvert(), "bias"_a.noconvert() = nb::none(),
            "selection_bias"_a.noconvert() = nb::none())
+      .def_prop_ro("lora_rank", &MoeOp::lora_rank)
+      .def("set_lora", &MoeOp::set_lora, "rank"_a, "w13"_a, "w2"_a)
+      .def("bind_lora",
+           [](MoeOp& op, const std::string& proj, const Array& A, const Array& B) {
+             const std::string n = op.config().name + ": lora " + proj;
+             op.bind_lora(proj, view_of(A, n + " A"), view_of(B, n + " B"));
+           },
+           "proj"_a, "A"_a.noconvert(), "B"_a.noconvert())
       .def("forward_routed",
            [](MoeOp& op, MoeSaved& saved, const Array& x, const Array& ids, const Array& weights,
-              bool expert_grads) {
+              bool expert_grads, bool adapter_grads) {
              const std::string& n = op.config().name;
              Tensor xt = view_of(x, n + ": hidden_states");
              auto id = tiermoe::py::ids_of(ids, n + ": top_k_index");
@@ -141,22 +149,23 @@ NB_MODULE(_core, m) {
              Tensor out;
              {
                nb::gil_scoped_release quiet;
-               out = op.forward_routed(saved, xt, std::move(id), w, expert_grads);
+               out = op.forward_routed(saved, xt, std::move(id), w, expert_grads, adapter_grads);
              }
              return to_array(out);
            },
-           "saved"_a, "x"_a.noconvert(), "ids"_a.noconvert(), "weights"_a.noconvert(), "expert_grads"_a)
+           "saved"_a, "x"_a.noconvert(), "ids"_a.noconvert(), "weights"_a.noconvert(),
+           "expert_grads"_a, "adapter_grads"_a = false)
       .def("forward",
-           [](MoeOp& op, MoeSaved& saved, const Array& x, bool expert_grads) {
+           [](MoeOp& op, MoeSaved& saved, const Array& x, bool expert_grads, bool adapter_grads) {
              Tensor xt = view_of(x, op.config().name + ": hidden_states");
              Tensor out, logits;
              {
                nb::gil_scoped_release quiet;
-               out = op.forward(saved, logits, xt, expert_grads);
+               out = op.forward(saved, logits, xt, expert_grads, adapter_grads);
              }
              return std::make_pair(to_array(out), to_array(logits));
            },
-           "saved"_a, "x"_a.noconvert(), "expert_grads"_a)
+           "saved"_a, "x"_a.noconvert(), "expert_grads"_a, "adapter_grads"_a = false)
       .def("backward",
            [](MoeOp& op, MoeSaved& saved, const Array& dout, const std::optional<Array>& dlogits) {
              const std::string& n = op.config().name;

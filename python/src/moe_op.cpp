@@ -53,8 +53,53 @@ void MoeOp::bind_router(Tensor weight_ED, Tensor bias_E, Tensor selection_bias_E
     bind("e_score_correction_bias", std::move(selection_bias_E));
 }
 
+namespace {
+
+ExpertProj lora_proj(const std::string& name, const std::string& where) {
+  if (name == "gate") return ExpertProj::gate;
+  if (name == "up") return ExpertProj::up;
+  TIERMOE_CHECK(name == "down", "unknown expert projection '" + name + "'", where,
+                "gate, up or down");
+  return ExpertProj::down;
+}
+
+}  // namespace
+
+void MoeOp::set_lora(int64_t rank, bool w13, bool w2) {
+  experts_.set_adapter(nullptr);
+  adapter_.reset();
+  lora_.reset();
+  if (rank <= 0 || !(w13 || w2)) return;
+  LoraConfig c;
+  c.rank = rank;
+  c.alpha = double(rank);  // scaling 1
+  c.targets.clear();
+  if (w13) c.targets.insert({"gate_proj", "up_proj"});
+  if (w2) c.targets.insert("down_proj");
+  const ExpertsConfig& e = cfg_.experts;
+  lora_ = std::make_unique<ExpertLora>(e.num_experts, e.hidden, e.ffn, c, cfg_.dtype,
+                                       cfg_.name + ".experts");
+  adapter_ = std::make_unique<ExpertLoraAdapter>(*lora_, e.ffn, cfg_.dtype);
+  experts_.set_adapter(adapter_.get());
+}
+
+void MoeOp::bind_lora(const std::string& proj, Tensor A_ERI, Tensor B_EOR) {
+  TIERMOE_CHECK(lora_ != nullptr, "expert LoRA weights for an op without LoRA", cfg_.name,
+                "set_lora_rank first");
+  const ExpertProj p = lora_proj(proj, cfg_.name);
+  const std::string what = cfg_.name + ".experts lora " + proj;
+  Tensor& A = lora_->A(p);
+  Tensor& B = lora_->B(p);
+  check_shape(A_ERI, A.shape(), what + " A");
+  check_shape(B_EOR, B.shape(), what + " B");
+  check_dtype(A_ERI, A.dtype(), what + " A");
+  check_dtype(B_EOR, B.dtype(), what + " B");
+  A = std::move(A_ERI);
+  B = std::move(B_EOR);
+}
+
 Tensor MoeOp::forward_routed(MoeSaved& saved, const Tensor& x_TD, std::vector<int32_t> ids_TK,
-                             Tensor weights_TK, bool expert_grads) {
+                             Tensor weights_TK, bool expert_grads, bool adapter_grads) {
   TIERMOE_CHECK(weights_TK.dim() == 2 && int64_t(ids_TK.size()) == weights_TK.numel(),
                 "top_k_index and top_k_weights disagree: " + std::to_string(ids_TK.size()) +
                     " ids, weights " + weights_TK.str(),
@@ -65,13 +110,14 @@ Tensor MoeOp::forward_routed(MoeSaved& saved, const Tensor& x_TD, std::vector<in
   r.K = weights_TK.size(1);
   r.ids_TK = std::move(ids_TK);
   r.weights_TK = std::move(weights_TK);
-  return layer_.forward(x_TD, std::move(r), saved, expert_grads, /*adapter_grads=*/false);
+  return layer_.forward(x_TD, std::move(r), saved, expert_grads, adapter_grads);
 }
 
-Tensor MoeOp::forward(MoeSaved& saved, Tensor& logits_TE, const Tensor& x_TD, bool expert_grads) {
+Tensor MoeOp::forward(MoeSaved& saved, Tensor& logits_TE, const Tensor& x_TD, bool expert_grads,
+                      bool adapter_grads) {
   TIERMOE_CHECK(router_ != nullptr, "this op does not route", cfg_.name,
                 "call forward_routed with transformers' routing");
-  Tensor out = layer_.forward(x_TD, saved, expert_grads, /*adapter_grads=*/false);
+  Tensor out = layer_.forward(x_TD, saved, expert_grads, adapter_grads);
   logits_TE = saved.routing.logits_TE;
   return out;
 }
@@ -83,6 +129,7 @@ Tensor MoeOp::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
     experts_.allocate_grads();
     experts_.zero_grad();
   }
+  if (lora_) lora_->zero_grad();
   return layer_.backward(dx_TD, dout_TD, saved, dlogits_TE);
 }
 
@@ -91,6 +138,15 @@ const Tensor& MoeOp::grad(const std::string& name) {
     TIERMOE_CHECK(router_ != nullptr, "this op has no router", cfg_.name,
                   "router gradients exist only under tiermoe.torch.patch");
     return router_->grad(name.substr(7));
+  }
+  if (name.starts_with("lora.")) {
+    TIERMOE_CHECK(lora_ != nullptr, "this op has no expert LoRA", cfg_.name, "set_lora_rank first");
+    const size_t dot = name.rfind('.');
+    const ExpertProj p = lora_proj(name.substr(5, dot - 5), cfg_.name);
+    const std::string which = name.substr(dot + 1);
+    TIERMOE_CHECK(which == "A" || which == "B", "unknown LoRA gradient '" + name + "'", cfg_.name,
+                  "lora.<gate|up|down>.<A|B>");
+    return which == "A" ? lora_->dA(p) : lora_->dB(p);
   }
   return experts_.grad(name);
 }

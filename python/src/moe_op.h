@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "tiermoe/model/expert_lora_adapter.h"
+#include "tiermoe/model/lora.h"
 #include "tiermoe/moe/dispatch.h"
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/expert_kernels.h"
@@ -53,13 +55,24 @@ class MoeOp {
   // score dtype. Only for an op that routes.
   void bind_router(Tensor weight_ED, Tensor bias_E, Tensor selection_bias_E);
 
+  // LoRA of rank R on the experts' gate_proj and up_proj (w13) and/or
+  // down_proj (w2), at scaling 1 (the caller folds its scaling into B),
+  // computed beside the frozen weights as thin products (model/lora.h). Its
+  // weights are bound by bind_lora before each forward; rank 0 removes it.
+  void set_lora(int64_t rank, bool w13, bool w2);
+  int64_t lora_rank() const { return lora_ ? lora_->rank() : 0; }
+  // "gate", "up" or "down": A [E, R, in] and B [E, out, R] in the LoRA master
+  // dtype (f32 for bf16 runs), as views.
+  void bind_lora(const std::string& proj, Tensor A_ERI, Tensor B_EOR);
+
   // out_TD for routing given by the caller (ids_TK: T*K ids, weights_TK
   // [T, K] in the score dtype). expert_grads: a backward wants the experts'
-  // weight gradients.
+  // weight gradients; adapter_grads: the LoRA's.
   Tensor forward_routed(MoeSaved& saved, const Tensor& x_TD, std::vector<int32_t> ids_TK,
-                        Tensor weights_TK, bool expert_grads);
+                        Tensor weights_TK, bool expert_grads, bool adapter_grads);
   // out_TD routed by the op's Router; logits_TE gets the router logits.
-  Tensor forward(MoeSaved& saved, Tensor& logits_TE, const Tensor& x_TD, bool expert_grads);
+  Tensor forward(MoeSaved& saved, Tensor& logits_TE, const Tensor& x_TD, bool expert_grads,
+                 bool adapter_grads);
 
   // dx_TD (written) and, returned, d loss / d weights_TK. The router's and
   // (when the forward asked) the experts' gradients are this call's alone:
@@ -69,8 +82,9 @@ class MoeOp {
   Tensor backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
                   const Tensor& dlogits_TE);
 
-  // "w13", "w2", "b13", "b2" (experts) or "router.weight", "router.bias":
-  // the last backward's gradient, in the grad dtype (f32 for bf16 runs).
+  // "w13", "w2", "b13", "b2" (experts), "router.weight", "router.bias" or
+  // "lora.gate.A", "lora.up.B", ... : the last backward's gradient, in the
+  // grad dtype (f32 for bf16 runs; the LoRA's in its master dtype).
   const Tensor& grad(const std::string& name);
 
   ExpertPackStats pack_stats() const { return experts_.packs().stats(); }
@@ -82,6 +96,8 @@ class MoeOp {
   LocalDispatcher dispatcher_;
   std::unique_ptr<Router> router_;
   MoeLayer layer_;
+  std::unique_ptr<ExpertLora> lora_;
+  std::unique_ptr<ExpertLoraAdapter> adapter_;
 };
 
 }  // namespace tiermoe::py

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
+from torch.nn.utils import parametrize
 
 from . import _core
 from ._ops import DTYPE_NAMES, EngineMoe
@@ -58,17 +59,26 @@ BLOCKS = {
 }
 
 
-def experts_params(experts: torch.nn.Module):
-    """The experts' parameters in their HF layout: gate_up_proj, down_proj, then the biases or None."""
+def experts_params(experts: torch.nn.Module, original: bool = False):
+    """The experts' parameters in their HF layout: gate_up_proj, down_proj, then the biases or
+    None. Where PEFT parametrizes one (its LoRA), the value PEFT computes, or with `original`
+    the frozen tensor under it."""
+    def get(name):
+        if original and parametrize.is_parametrized(experts, name):
+            return experts.parametrizations[name].original
+        return getattr(experts, name)
+
     bias = getattr(experts, "has_bias", False)
-    return (experts.gate_up_proj, experts.down_proj,
-            experts.gate_up_proj_bias if bias else None, experts.down_proj_bias if bias else None)
+    return (get("gate_up_proj"), get("down_proj"),
+            get("gate_up_proj_bias") if bias else None, get("down_proj_bias") if bias else None)
 
 
 def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
                 remat: str = "default", block: Optional[torch.nn.Module] = None, spec: Optional[BlockSpec] = None) -> EngineMoe:
     """The engine op for an experts module (and, with `block`, its router)."""
-    kind = type(experts).__name__
+    # torch's parametrize (PEFT's expert LoRA) swaps in a subclass, Parametrized<Name>.
+    cls = type(experts).__bases__[0] if parametrize.is_parametrized(experts) else type(experts)
+    kind = cls.__name__
     activation = EXPERTS.get(kind)
     if activation is None:
         raise _core.TierMoEError(
@@ -81,7 +91,7 @@ def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
         raise _core.TierMoEError(
             f"{name}: hidden_act is {type(experts.act_fn).__name__}; TierMoE's experts are SwiGLU "
             "(hint: hidden_act must be silu)")
-    w13 = experts.gate_up_proj
+    w13 = experts_params(experts, original=True)[0]
     dtype = w13.dtype
     if dtype not in DTYPE_NAMES:
         raise _core.TierMoEError(

@@ -21,7 +21,8 @@ DTYPE_NAMES = {torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16
 
 
 def score_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Router scores and their gradients: fp32 for f32 and bf16 runs, f64 in f64."""
+    """Router scores, the LoRA's weights and their gradients in the engine: fp32 for f32 and
+    bf16 runs, f64 in f64."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
@@ -109,23 +110,53 @@ class EngineMoe:
         return out
 
 
+def _bind_lora(engine, lora):
+    if lora is None:
+        if engine.op.lora_rank:
+            engine.op.set_lora(0, False, False)
+    else:
+        lora.bind(engine.op)
+
+
+def _lora_grads(engine, lora, wanted):
+    """The gradients of the LoRA factors (B13, A13, B2, A2), None where not wanted."""
+    if lora is None or not any(wanted):
+        return [None] * 4
+    g = lora.grads(engine.op, _from_engine)
+    out = [*g.get("gate_up_proj", (None, None)), *g.get("down_proj", (None, None))]
+    return [t if want else None for t, want in zip(out, wanted)]
+
+
+def lora_inputs(lora):
+    """The factor tensors a Function takes, so that autograd carries their gradients back to
+    PEFT's lora_A and lora_B: B13, A13, B2, A2 (None where not adapted)."""
+    f = lora.factors if lora is not None else {}
+    gu, dn = f.get("gate_up_proj"), f.get("down_proj")
+    return (gu.B if gu else None, gu.A if gu else None, dn.B if dn else None, dn.A if dn else None)
+
+
 class RoutedMoe(torch.autograd.Function):
     """out_TD = experts(x_TD) under transformers' routing (the experts backend).
 
-    Inputs: the EngineMoe, x_TD, ids_TK, weights_TK and the experts' parameters
-    in their HF layout (gate_up_proj, down_proj[, gate_up_proj_bias, down_proj_bias]),
-    so that autograd hands their gradients to whatever trains them.
+    Inputs: the EngineMoe, the expert LoRA's EngineLora (or None), x_TD, ids_TK, weights_TK,
+    the experts' parameters in their HF layout (gate_up_proj, down_proj, gate_up_proj_bias,
+    down_proj_bias; None where absent), then the LoRA factors (B13, A13, B2, A2), so that
+    autograd hands their gradients to whatever trains them.
     """
 
     @staticmethod
-    def forward(ctx, engine, x, ids, weights, *params):
-        expert_grads = any(ctx.needs_input_grad[4:])
+    def forward(ctx, engine, lora, x, ids, weights, *tensors):
+        params = tensors[:4]
+        expert_grads = any(ctx.needs_input_grad[5:9])
+        adapter_grads = any(ctx.needs_input_grad[9:13])
         x_c = _engine_view(x)
         w_c = _engine_view(weights.to(score_dtype(engine.dtype)))
         ids_c = ids.detach().contiguous()
+        _bind_lora(engine, lora)
         saved = _core.MoeSaved()
-        out = _from_engine(engine.op.forward_routed(saved, x_c, ids_c, w_c, expert_grads))
-        ctx.engine, ctx.saved, ctx.keep = engine, saved, (x_c, w_c)
+        out = _from_engine(engine.op.forward_routed(saved, x_c, ids_c, w_c, expert_grads,
+                                                    adapter_grads))
+        ctx.engine, ctx.lora, ctx.saved, ctx.keep = engine, lora, saved, (x_c, w_c)
         ctx.weights_dtype = weights.dtype
         ctx.params = params
         return out
@@ -133,27 +164,33 @@ class RoutedMoe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         engine = ctx.engine
+        _bind_lora(engine, ctx.lora)  # another forward may have bound its own since
         dx, dweights = engine.op.backward(ctx.saved, _engine_view(dout))
-        grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[4:])
-        return (None, _from_engine(dx), None, _from_engine(dweights).to(ctx.weights_dtype), *grads)
+        grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[5:9])
+        lora = _lora_grads(engine, ctx.lora, ctx.needs_input_grad[9:13])
+        return (None, None, _from_engine(dx), None,
+                _from_engine(dweights).to(ctx.weights_dtype), *grads, *lora)
 
 
 class BlockMoe(torch.autograd.Function):
     """(out_TD, logits_TE) = the whole routed block, the router included (tiermoe.torch.patch).
 
-    Inputs: the EngineMoe, x_TD, the router's weight and bias (or None), its
-    e_score_correction_bias (or None; selection only, no gradient), then the
-    experts' parameters in their HF layout. The logits' gradient (the aux
-    loss's, when the model computes one) reaches the engine's router.
+    Inputs: the EngineMoe, the expert LoRA's EngineLora (or None), x_TD, the router's weight
+    and bias (or None), its e_score_correction_bias (or None; selection only, no gradient),
+    the experts' parameters in their HF layout, then the LoRA factors (B13, A13, B2, A2). The
+    logits' gradient (the aux loss's, when the model computes one) reaches the engine's router.
     """
 
     @staticmethod
-    def forward(ctx, engine, x, router_weight, router_bias, selection_bias, *params):
-        expert_grads = any(ctx.needs_input_grad[5:])
+    def forward(ctx, engine, lora, x, router_weight, router_bias, selection_bias, *tensors):
+        params = tensors[:4]
+        expert_grads = any(ctx.needs_input_grad[6:10])
+        adapter_grads = any(ctx.needs_input_grad[10:14])
         x_c = _engine_view(x)
+        _bind_lora(engine, lora)
         saved = _core.MoeSaved()
-        out, logits = engine.op.forward(saved, x_c, expert_grads)
-        ctx.engine, ctx.saved, ctx.keep = engine, saved, (x_c,)
+        out, logits = engine.op.forward(saved, x_c, expert_grads, adapter_grads)
+        ctx.engine, ctx.lora, ctx.saved, ctx.keep = engine, lora, saved, (x_c,)
         ctx.router = (router_weight, router_bias)
         ctx.params = params
         return _from_engine(out), _from_engine(logits)
@@ -161,15 +198,17 @@ class BlockMoe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlogits):
         engine = ctx.engine
+        _bind_lora(engine, ctx.lora)
         dl = _engine_view(dlogits) if dlogits is not None else None
         dx, _ = engine.op.backward(ctx.saved, _engine_view(dout), dl)
         weight, bias = ctx.router
         dw = (_from_engine(engine.op.grad("router.weight")).to(weight.dtype)
-              if ctx.needs_input_grad[2] else None)
+              if ctx.needs_input_grad[3] else None)
         db = (_from_engine(engine.op.grad("router.bias")).to(bias.dtype)
-              if bias is not None and ctx.needs_input_grad[3] else None)
-        grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[5:])
-        return (None, _from_engine(dx), dw, db, None, *grads)
+              if bias is not None and ctx.needs_input_grad[4] else None)
+        grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[6:10])
+        lora = _lora_grads(engine, ctx.lora, ctx.needs_input_grad[10:14])
+        return (None, None, _from_engine(dx), dw, db, None, *grads, *lora)
 
 
 # Engines by module, held beside the modules rather than on them, so that a

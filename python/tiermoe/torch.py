@@ -17,7 +17,8 @@ import torch
 
 from . import _core
 from ._families import BLOCKS, BlockSpec, experts_params, make_engine
-from ._ops import BlockMoe, check_input, engine_for
+from ._lora import EngineLora, bindable, unwrap
+from ._ops import BlockMoe, check_input, engine_for, lora_inputs, score_dtype
 
 __all__ = ["TieredMoE", "patch"]
 
@@ -45,7 +46,7 @@ class TieredMoE(torch.nn.Module):
         self._engine()
 
     def _engine(self):
-        experts = self.experts
+        experts, _ = unwrap(self.experts)  # under PEFT's ParamWrappers, when it adapts them
         return engine_for(self, experts.gate_up_proj.dtype,
                           lambda: make_engine(experts, self.block_name, absorb=self.absorb_scores,
                                               remat=self.remat, block=self, spec=self.spec))
@@ -65,9 +66,20 @@ class TieredMoE(torch.nn.Module):
         bias = gate.bias if self.spec.router == "gpt_oss" else None
         selection_bias = gate.e_score_correction_bias if self.spec.router == "deepseek_v3" else None
         engine.sync_router(gate.weight, bias, selection_bias)
-        params = experts_params(self.experts)
+        experts, factors = unwrap(self.experts)
+        lora = None
+        if factors and not engine.transposed and bindable(factors):
+            lora = EngineLora(factors, score_dtype(engine.dtype))
+        elif factors is None or factors:
+            raise _core.TierMoEError(
+                f"{self.block_name}: PEFT's expert LoRA here is merged, disabled, one of several "
+                "active adapters, on gpt-oss's x-major experts or of two ranks, which patch does "
+                "not compute (hint: one active adapter of one rank on swiglu experts, or use "
+                "experts_implementation=\"tiermoe\", which falls back to PEFT's own product)")
+        params = experts_params(experts)
         engine.sync_experts(*params)
-        out_TD, logits_TE = BlockMoe.apply(engine, x_TD, gate.weight, bias, selection_bias, *params)
+        out_TD, logits_TE = BlockMoe.apply(engine, lora, x_TD, gate.weight, bias, selection_bias,
+                                           *params, *lora_inputs(lora))
         self._emit_router_logits(gate, x_TD, logits_TE)
         if self.spec.shared is not None:
             out_TD = out_TD + self.spec.shared(self, x_TD)

@@ -13,19 +13,28 @@ their gradients in .grad like any parameter.
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from ._families import experts_params, make_engine
-from ._ops import RoutedMoe, check_input, engine_for
+from ._lora import EngineLora, active_factors, bindable
+from ._ops import RoutedMoe, check_input, engine_for, lora_inputs, score_dtype
 
 NAME = "tiermoe"
 
 
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
-    """The ExpertsInterface function: out_TD = experts(hidden_states) under the given routing."""
-    params = experts_params(self)
+    """The ExpertsInterface function: out_TD = experts(hidden_states) under the given routing.
+    Called inside PEFT's ParamWrappers (target_parameters), it computes their LoRA in the engine."""
+    params = experts_params(self, original=True)
     engine = engine_for(self, params[0].dtype,
                         lambda: make_engine(self, f"{type(self).__name__} (experts_implementation='tiermoe')"))
     check_input(engine.name, hidden_states, engine.dtype)
+    factors, other = active_factors(self)
+    lora = None
+    if factors and not other and not engine.transposed and bindable(factors):
+        lora = EngineLora(factors, score_dtype(engine.dtype))
+    elif factors or other:
+        params = experts_params(self)  # PEFT's dense W + delta (_lora.py says when)
     engine.sync_experts(*params)
-    return RoutedMoe.apply(engine, hidden_states, top_k_index, top_k_weights, *params)
+    return RoutedMoe.apply(engine, lora, hidden_states, top_k_index, top_k_weights, *params,
+                           *lora_inputs(lora))
 
 
 ALL_EXPERTS_FUNCTIONS.register(NAME, experts_forward)

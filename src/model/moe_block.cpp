@@ -46,43 +46,6 @@ MoeLayerConfig layer_config(const std::string& name) {
 
 }  // namespace
 
-// The experts' fused W13 output holds gate_proj's columns [0, F) and
-// up_proj's [F, 2F); down_proj adapts W2's whole output.
-class MoeBlock::LoraHook final : public ExpertAdapter {
- public:
-  LoraHook(ExpertLora& lora, int64_t ffn, DType compute)
-      : lora_(&lora), ffn_(ffn), dtype_(lora_master_dtype(compute)) {}
-
-  bool adapts(ExpertLinear p) const override { return lora_->has(proj(p)); }
-  int64_t rank() const override { return lora_->rank(); }
-  DType dtype() const override { return dtype_; }
-  void forward_rows(ExpertLinear p, int64_t e, Tensor& y_MY, Tensor& u_MR,
-                    const Tensor& x_MI) const override {
-    lora_->forward_rows(proj(p), e, y_MY, u_MR, x_MI, columns(p));
-  }
-  void backward_rows(ExpertLinear p, int64_t e, Tensor& dx_MI, const Tensor& dy_MY,
-                     const Tensor& x_MI, const Tensor& u_MR) override {
-    lora_->backward_rows(proj(p), e, dx_MI, dy_MY, x_MI, u_MR, columns(p));
-  }
-
- private:
-  static ExpertProj proj(ExpertLinear p) {
-    switch (p) {
-      case ExpertLinear::gate: return ExpertProj::gate;
-      case ExpertLinear::up: return ExpertProj::up;
-      case ExpertLinear::down: return ExpertProj::down;
-    }
-    __builtin_unreachable();
-  }
-  LoraColumns columns(ExpertLinear p) const {
-    return p == ExpertLinear::up ? LoraColumns{ffn_, 1} : LoraColumns{};
-  }
-
-  ExpertLora* lora_;
-  int64_t ffn_;
-  DType dtype_;
-};
-
 MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
                    std::string name, MatrixAlloc alloc)
     : router_(router_config(config), compute, name + (config.gpt_oss() ? ".router" : ".gate")),
@@ -130,7 +93,7 @@ void MoeBlock::enable_lora(const LoraConfig& config, Rng& rng) {
   if (lora->empty()) return;
   lora->init(rng);
   lora_ = std::move(lora);
-  hook_ = std::make_unique<LoraHook>(*lora_, c.ffn, experts_.dtype());
+  hook_ = std::make_unique<ExpertLoraAdapter>(*lora_, c.ffn, experts_.dtype());
   experts_.set_adapter(hook_.get());
 }
 

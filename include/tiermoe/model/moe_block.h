@@ -16,6 +16,7 @@
 #include <string>
 
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/model/expert_lora_adapter.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/weight.h"
 #include "tiermoe/moe/dispatch.h"
@@ -74,9 +75,8 @@ class MoeBlock {
   MoeLayer layer_;
   bool router_grad_ = true;
   bool experts_grad_ = true;
-  class LoraHook;  // ExpertLora seen through moe's ExpertAdapter
   std::unique_ptr<ExpertLora> lora_;
-  std::unique_ptr<LoraHook> hook_;
+  std::unique_ptr<ExpertLoraAdapter> hook_;
 };
 
 }  // namespace tiermoe

@@ -1,0 +1,116 @@
+"""PEFT's LoRA on the experts (target_parameters) computed by the engine, against stock
+transformers + PEFT in f64, whose experts run W + scaling * B A per expert (PEFT's own fold):
+loss and every gradient (attention and expert LoRA factors) to 1e-9 relative. The engine
+computes the adapters from their factors: under patch PEFT's fold never runs; under the experts
+backend it runs once per forward and parameter, only as torch's check when PEFT registers its
+parametrization (nothing reads the result). On gpt-oss's x-major experts the experts backend
+leaves the fold to PEFT and gives the same result. Shown to fail when the engine reads
+down_proj's A and B swapped."""
+import pytest
+import torch
+from peft import LoraConfig, get_peft_model
+
+import tiermoe.torch
+import tiermoe.transformers  # noqa: F401
+from hf_models import Float64Everywhere, batch, compare, run, stock_f64, twin
+from tiermoe import _lora
+
+RTOL = 1e-9
+EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+
+
+def with_expert_lora(model, targets=EXPERT_PARAMS, seed=5):
+    cfg = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                     target_parameters=targets)
+    with Float64Everywhere():
+        model = get_peft_model(model, cfg)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    return model
+
+
+def ours(stock, path, order="peft first"):
+    model = twin(stock)
+    if path == "experts":
+        model.set_experts_implementation("tiermoe")
+        return with_expert_lora(model)
+    if order == "patch first":
+        return with_expert_lora(tiermoe.torch.patch(model))
+    model = with_expert_lora(model)
+    tiermoe.torch.patch(model)
+    return model
+
+
+def count_folds(monkeypatch):
+    """Counts the runs of PEFT's dense fold W + scaling * B A, and the gradients that flow
+    through it (none may: the engine trains the factors)."""
+    import peft.tuners.lora.layer as layer
+    fold = layer._LoraFactorsProxy.forward
+    counts = {"folds": 0}
+
+    def counted(self, W):
+        counts["folds"] += 1
+        out = fold(self, W)
+        if out.requires_grad:
+            out.register_hook(lambda g: counts.__setitem__("grads", counts.get("grads", 0) + 1))
+        return out
+
+    monkeypatch.setattr(layer._LoraFactorsProxy, "forward", counted)
+    return counts
+
+
+@pytest.mark.parametrize("path,order", [("experts", None), ("patch", "peft first"),
+                                        ("patch", "patch first")])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
+    stock = stock_f64(family)
+    want = run(with_expert_lora(twin(stock)), batch())
+    model = ours(stock, path, order)
+    counts = count_folds(monkeypatch)
+    report = compare(run(model, batch()), want, RTOL)
+    moe_layers = sum(type(m).__name__.endswith("Experts") for m in model.modules())
+    # patch: never; the experts backend: torch's registration check, once per parameter
+    assert counts["folds"] == (0 if path == "patch" else 2 * moe_layers), counts
+    assert "grads" not in counts, "a gradient flowed through PEFT's dense fold"
+    assert any("experts" in k and "lora_A" in k for k in report)
+    assert any("experts" in k and "lora_B" in k for k in report)
+
+
+def test_gpt_oss_expert_lora_falls_back_to_peft_and_equals_it():
+    stock = stock_f64("gpt_oss")
+    want = run(with_expert_lora(twin(stock)), batch())
+    compare(run(ours(stock, "experts"), batch()), want, RTOL)
+
+
+def test_patch_refuses_expert_lora_it_does_not_compute():
+    model = ours(stock_f64("gpt_oss"), "patch")
+    with pytest.raises(tiermoe.TierMoEError, match="x-major"):
+        run(model, batch())
+
+
+@pytest.mark.parametrize("path", ["experts", "patch"])
+def test_fails_with_down_projs_a_and_b_swapped(path, monkeypatch):
+    stock = stock_f64("qwen3_moe")
+    want = run(with_expert_lora(twin(stock)), batch())
+    init = _lora.EngineLora.__init__
+
+    def swapped(self, factors, dtype):
+        init(self, factors, dtype)
+        A, B = self.held["down"]  # [E, R, F] and [E, D, R]: D == F here
+        self.held["down"] = (B.transpose(1, 2).contiguous(), A.transpose(1, 2).contiguous())
+
+    monkeypatch.setattr(_lora.EngineLora, "__init__", swapped)
+    with pytest.raises(AssertionError, match="differs by"):
+        compare(run(ours(stock, path), batch()), want, RTOL)
+
+
+def test_frozen_base_trains_only_the_adapters():
+    model = ours(stock_f64("qwen3_moe"), "experts")
+    run(model, batch())
+    experts = model.base_model.model.model.layers[0].mlp.experts
+    base = experts.get_base_layer() if hasattr(experts, "get_base_layer") else experts
+    assert base.gate_up_proj.grad is None and base.down_proj.grad is None
+    assert experts.lora_A["default"].weight.grad is not None
