@@ -6,7 +6,8 @@
 #   2. the whole LoRA step (attention LoRA r 8, q/k/v/o, AdamW) of a 2-layer
 #      Qwen3-30B-A3B-shape model at vocab 4096, batch 2 x 1024: stock
 #      transformers + PEFT (grouped_mm), with "tiermoe", with patch
-#      (torch_step.py), and TierMoE's CLI (tiermoe train), in bf16;
+#      (torch_step.py), and TierMoE's CLI (tiermoe train), in bf16; then with
+#      LoRA on the experts as well (PEFT's target_parameters), with peak RSS;
 # with `tiermoe bench peak` before and after. Uses make test's venv and the
 # package built in build/python (make test builds both). Not part of make
 # test: about 15 minutes on 2 cores. Output: build/compare-python/.
@@ -40,6 +41,13 @@ for experts in grouped_mm tiermoe patch; do
   "$py" "$here/torch_step.py" --model "$ckpt" --data "$tokens" --mode lora --dtype bf16 \
     --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" \
     --experts "$experts" | tail -n 1 | tee -a "$work/step.jsonl"
+done
+# The same step with LoRA on the experts too (PEFT's target_parameters), and its peak RSS.
+: >"$work/step-expert-lora.jsonl"
+for experts in grouped_mm tiermoe patch; do
+  "$py" "$here/torch_step.py" --model "$ckpt" --data "$tokens" --mode lora --dtype bf16 \
+    --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" \
+    --experts "$experts" --expert-lora | tail -n 1 | tee -a "$work/step-expert-lora.jsonl"
 done
 "$tiermoe" train --model "$ckpt" --data "$tokens" --seq-len $L --batch $B --steps $((steps + 1)) \
   --no-shuffle --lr 1e-4 --lr-schedule constant --warmup-steps 0 --max-grad-norm 0 \

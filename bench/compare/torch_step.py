@@ -14,6 +14,7 @@ median step seconds after --warmup steps, tokens/s and the losses.
 import argparse
 import json
 import os
+import resource
 import statistics
 import sys
 import time
@@ -39,6 +40,8 @@ def main():
     p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--experts", choices=["grouped_mm", "eager", "tiermoe", "patch"],
                    default="grouped_mm")
+    p.add_argument("--expert-lora", action="store_true",
+                   help="LoRA on the experts too (PEFT's target_parameters)")
     args = p.parse_args()
 
     import transformers
@@ -54,8 +57,11 @@ def main():
     model.config.use_cache = False
     if args.mode == "lora":
         import peft
+        experts = (["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+                   if args.expert_lora else None)
         cfg = peft.LoraConfig(r=args.lora_rank, lora_alpha=args.lora_alpha, lora_dropout=0.0,
-                              target_modules=args.lora_targets.split(","))
+                              target_modules=args.lora_targets.split(","),
+                              target_parameters=experts)
         model = peft.get_peft_model(model, cfg)
     if args.experts == "patch":
         import tiermoe.torch
@@ -92,7 +98,8 @@ def main():
               file=sys.stderr)
     step = statistics.median(times)
     print(json.dumps({"impl": "transformers+peft" if args.mode == "lora" else "transformers",
-                      "experts": args.experts,
+                      "experts": args.experts, "expert_lora": args.expert_lora,
+                      "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                       "torch": torch.__version__, "transformers": transformers.__version__,
                       "mode": args.mode, "dtype": args.dtype, "threads": args.threads,
                       "step_time_s": step, "tokens_per_s": B * L / step, "losses": losses}))
