@@ -1,0 +1,54 @@
+"""LoRA SFT of a transformers Qwen3-MoE with TRL's SFTTrainer, its MoE experts run by TierMoE.
+
+The one TierMoE line is experts_implementation="tiermoe"; everything else is stock
+transformers + PEFT + TRL. With --expert-lora the experts get LoRA too, through PEFT's
+target_parameters, computed by TierMoE beside the frozen expert weights.
+
+    python examples/sft_trl.py [--expert-lora] [--work-dir DIR]
+"""
+import argparse
+import os
+import tempfile
+
+import datasets
+import torch
+import transformers
+from peft import LoraConfig
+from trl import SFTConfig, SFTTrainer
+
+import tiermoe.transformers  # noqa: F401  (registers experts_implementation="tiermoe")
+from tiny import setup
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--expert-lora", action="store_true")
+    p.add_argument("--work-dir", default=os.path.join(tempfile.gettempdir(), "tiermoe-examples"))
+    p.add_argument("--steps", type=int, default=60)
+    args = p.parse_args()
+
+    model_dir, chats = setup(args.work_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, experts_implementation="tiermoe")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
+    lora = LoraConfig(
+        r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
+        target_parameters=(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
+                           if args.expert_lora else None))
+    config = SFTConfig(output_dir=os.path.join(args.work_dir, "run"), max_steps=args.steps,
+                       per_device_train_batch_size=8, gradient_accumulation_steps=2,
+                       learning_rate=2e-2, lr_scheduler_type="constant", logging_steps=5,
+                       save_strategy="no", report_to=[], use_cpu=True, max_length=32,
+                       gradient_checkpointing=True, seed=0)
+    trainer = SFTTrainer(model=model, args=config, processing_class=tokenizer, peft_config=lora,
+                         train_dataset=datasets.load_dataset("json", data_files=chats)["train"])
+    trainer.train()
+    losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
+    adapter = os.path.join(args.work_dir, "adapter")
+    trainer.save_model(adapter)
+    print(f"loss {losses[0]:.3f} -> {losses[-1]:.3f} over {args.steps} steps; "
+          f"the PEFT adapter is in {adapter}")
+
+
+if __name__ == "__main__":
+    main()
