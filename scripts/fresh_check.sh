@@ -151,9 +151,13 @@ stage() {
 }
 
 # Runs a command in the chroot with a clean environment (nothing of the host's
-# PATH, CUDA_HOME, CCACHE_* or compiler settings reaches it) and no stdin.
+# PATH, CUDA_HOME, CCACHE_* or compiler settings reaches it) and no stdin; pip
+# trusts the host's CA bundle when the host has one (unpack_base copies it).
+host_ca=""
+[ -f /etc/ssl/certs/ca-certificates.crt ] && host_ca=/etc/host-ca-bundle.crt
 in_root() {
   chroot "$root" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+    ${host_ca:+PIP_CERT=$host_ca} \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     /bin/bash -c "$1" </dev/null
 }
@@ -194,6 +198,10 @@ unpack_base() {
   mkdir -p "$root"
   tar --numeric-owner -C "$root" -xpf "$base_tar"
   cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+  # The host's CA bundle too, for pip in the root (make test's venv, pip install .): where
+  # this host reaches PyPI through an intercepting proxy, only its bundle holds that CA.
+  # Like resolv.conf, it is the host's network path, not a package the project installs.
+  cp -L /etc/ssl/certs/ca-certificates.crt "$root/etc/host-ca-bundle.crt" 2>/dev/null || true
 }
 
 mount_all() {

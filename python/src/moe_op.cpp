@@ -133,6 +133,10 @@ Tensor MoeOp::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   return layer_.backward(dx_TD, dout_TD, saved, dlogits_TE);
 }
 
+void MoeOp::attach_tier(DeviceTier& tier, int64_t layer) {
+  layer_.set_experts(tier.attach(layer, experts_, executor_));
+}
+
 const Tensor& MoeOp::grad(const std::string& name) {
   if (name.starts_with("router.")) {
     TIERMOE_CHECK(router_ != nullptr, "this op has no router", cfg_.name,

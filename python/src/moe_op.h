@@ -23,6 +23,7 @@
 #include "tiermoe/moe/experts.h"
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/moe/router.h"
+#include "tiermoe/tier/device_tier.h"
 
 namespace tiermoe::py {
 
@@ -88,6 +89,10 @@ class MoeOp {
   const Tensor& grad(const std::string& name);
 
   ExpertPackStats pack_stats() const { return experts_.packs().stats(); }
+
+  // Runs the experts on the device tier's executor for layer `layer` from
+  // the next forward on (hot experts on the device, cold ones here).
+  void attach_tier(DeviceTier& tier, int64_t layer);
 
  private:
   MoeOpConfig cfg_;

@@ -86,9 +86,13 @@ def test_hidden_states_in_another_dtype_are_refused():
         block(torch.zeros(1, 3, 16, dtype=torch.float32))
 
 
-def test_the_device_tier_is_not_claimed():
-    with pytest.raises(tiermoe.TierMoEError, match="device tier is not reachable from Python yet"):
+def test_the_device_tier_needs_its_budget_and_a_device():
+    with pytest.raises(tiermoe.TierMoEError, match="device_memory must be given"):
         tiermoe.torch.patch(twin(stock_f64("qwen3_moe")), device="cpu")
+    with pytest.raises(tiermoe.TierMoEError, match="needs device="):
+        tiermoe.torch.patch(twin(stock_f64("qwen3_moe")), placement="device")
+    with pytest.raises(tiermoe.TierMoEError, match="has no device tier"):
+        tiermoe.torch.stats(tiermoe.torch.patch(twin(stock_f64("qwen3_moe"))))
 
 
 def test_an_unknown_remat_policy_names_the_flag():
