@@ -79,3 +79,24 @@ def test_sft_trainer_lowers_the_loss_and_saves_a_peft_adapter(base_dir, tmp_path
     stock, ours = eval_loss("eager"), eval_loss("tiermoe")
     assert abs(ours - stock) <= 1e-9 * abs(stock), (ours, stock)
     assert stock < losses[0]  # the adapter carries what training learned
+
+
+def test_stats_callback_logs_the_device_tier(base_dir, tmp_path):
+    import tiermoe.torch
+    import tiermoe.trl
+    model = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    experts = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                  if ".experts." in n)
+    tiermoe.torch.patch(model, device="cpu", placement="device",
+                        device_memory=401408 + experts // 2)
+    args = SFTConfig(output_dir=str(tmp_path / "run"), max_steps=4, per_device_train_batch_size=4,
+                     gradient_accumulation_steps=2, learning_rate=2e-2, logging_steps=1,
+                     report_to=[], save_strategy="no", use_cpu=True, max_length=16, seed=0)
+    trainer = SFTTrainer(model=model, args=args, train_dataset=corpus(),
+                         processing_class=tokenizer(),
+                         peft_config=LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+                         callbacks=[tiermoe.trl.StatsCallback()])
+    trainer.train()
+    logged = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(logged) == 4
+    assert all(h["tier/hot_fraction"] > 0 and h["tier/bytes_up"] > 0 for h in logged[1:]), logged
