@@ -16,12 +16,14 @@ def run_example(name, *args, tmp_path):
     return out.stdout
 
 
-@pytest.mark.parametrize("args", [(), ("--expert-lora",)])
+@pytest.mark.parametrize("args", [(), ("--expert-lora",), ("--device-tier",)])
 def test_sft_trl(args, tmp_path):
     out = run_example("sft_trl.py", *args, tmp_path=tmp_path)
     first, last = map(float, re.search(r"loss ([\d.]+) -> ([\d.]+)", out).groups())
     assert last < first, out
     assert (tmp_path / "adapter" / "adapter_model.safetensors").exists()
+    if "--device-tier" in args:
+        assert float(re.search(r"hot fraction ([\d.]+)", out).group(1)) > 0, out
 
 
 def test_torch_loop(tmp_path):
