@@ -182,3 +182,20 @@ def compare(ours, stock, rtol):
 
 def twin(model):
     return copy.deepcopy(model)
+
+
+def tiered_with(stock, path, adapt, order="peft first"):
+    """A twin of `stock` on a TierMoE path ("experts": experts_implementation="tiermoe";
+    "patch": tiermoe.torch.patch) with `adapt` (e.g. PEFT's get_peft_model) applied to it, under
+    patch before it or after it."""
+    import tiermoe.torch
+    import tiermoe.transformers  # noqa: F401
+    model = twin(stock)
+    if path == "experts":
+        model.set_experts_implementation("tiermoe")
+        return adapt(model)
+    if order == "patch first":
+        return adapt(tiermoe.torch.patch(model))
+    model = adapt(model)
+    tiermoe.torch.patch(model)
+    return model

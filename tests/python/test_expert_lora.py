@@ -12,7 +12,7 @@ from peft import LoraConfig, get_peft_model
 
 import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
-from hf_models import Float64Everywhere, batch, compare, run, stock_f64, twin
+from hf_models import Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin
 from tiermoe import _lora
 
 RTOL = 1e-9
@@ -29,18 +29,6 @@ def with_expert_lora(model, targets=EXPERT_PARAMS, seed=5):
         for n, p in model.named_parameters():
             if "lora_" in n:
                 p.copy_(0.2 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-    return model
-
-
-def ours(stock, path, order="peft first"):
-    model = twin(stock)
-    if path == "experts":
-        model.set_experts_implementation("tiermoe")
-        return with_expert_lora(model)
-    if order == "patch first":
-        return with_expert_lora(tiermoe.torch.patch(model))
-    model = with_expert_lora(model)
-    tiermoe.torch.patch(model)
     return model
 
 
@@ -68,7 +56,7 @@ def count_folds(monkeypatch):
 def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
     stock = stock_f64(family)
     want = run(with_expert_lora(twin(stock)), batch())
-    model = ours(stock, path, order)
+    model = tiered_with(stock, path, with_expert_lora, order)
     counts = count_folds(monkeypatch)
     report = compare(run(model, batch()), want, RTOL)
     moe_layers = sum(type(m).__name__.endswith("Experts") for m in model.modules())
@@ -82,11 +70,11 @@ def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
 def test_gpt_oss_expert_lora_falls_back_to_peft_and_equals_it():
     stock = stock_f64("gpt_oss")
     want = run(with_expert_lora(twin(stock)), batch())
-    compare(run(ours(stock, "experts"), batch()), want, RTOL)
+    compare(run(tiered_with(stock, "experts", with_expert_lora), batch()), want, RTOL)
 
 
 def test_patch_refuses_expert_lora_it_does_not_compute():
-    model = ours(stock_f64("gpt_oss"), "patch")
+    model = tiered_with(stock_f64("gpt_oss"), "patch", with_expert_lora)
     with pytest.raises(tiermoe.TierMoEError, match="x-major"):
         run(model, batch())
 
@@ -104,11 +92,11 @@ def test_fails_with_down_projs_a_and_b_swapped(path, monkeypatch):
 
     monkeypatch.setattr(_lora.EngineLora, "__init__", swapped)
     with pytest.raises(AssertionError, match="differs by"):
-        compare(run(ours(stock, path), batch()), want, RTOL)
+        compare(run(tiered_with(stock, path, with_expert_lora), batch()), want, RTOL)
 
 
 def test_frozen_base_trains_only_the_adapters():
-    model = ours(stock_f64("qwen3_moe"), "experts")
+    model = tiered_with(stock_f64("qwen3_moe"), "experts", with_expert_lora)
     run(model, batch())
     experts = model.base_model.model.model.layers[0].mlp.experts
     base = experts.get_base_layer() if hasattr(experts, "get_base_layer") else experts

@@ -10,7 +10,7 @@ from peft import LoraConfig, get_peft_model
 
 import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
-from hf_models import Float64Everywhere, batch, compare, run, stock_f64, twin
+from hf_models import Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin
 
 RTOL = 1e-9
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -27,25 +27,13 @@ def with_lora(model, seed=3):
     return model
 
 
-def lora_variant(stock, path, order):
-    model = twin(stock)
-    if path == "experts":
-        model.set_experts_implementation("tiermoe")
-        return with_lora(model)
-    if order == "patch first":
-        return with_lora(tiermoe.torch.patch(model))
-    model = with_lora(model)
-    tiermoe.torch.patch(model)
-    return model
-
-
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
 @pytest.mark.parametrize("path,order", [("experts", None), ("patch", "patch first"),
                                         ("patch", "peft first")])
 def test_attention_lora_equals_stock_peft(family, path, order):
     stock = stock_f64(family)
     want = run(with_lora(twin(stock)), batch())
-    got = run(lora_variant(stock, path, order), batch())
+    got = run(tiered_with(stock, path, with_lora, order), batch())
     report = compare(got, want, RTOL)
     assert any("lora_A" in k for k in report) and all("experts" not in k for k in report)
 
