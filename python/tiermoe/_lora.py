@@ -57,14 +57,16 @@ def active_factors(experts: torch.nn.Module):
 
 def unwrap(module: torch.nn.Module):
     """The experts module under PEFT's ParamWrappers, and {name: Factors} of their active adapter
-    (tiermoe.torch.patch, whose block calls the experts without running the wrappers); None for
-    the factors when the wrappers are in a state TierMoE does not read (merged, disabled, several
-    adapters)."""
+    (tiermoe.torch.patch, whose block calls the experts without running the wrappers). A merged
+    adapter is in the weights already, a disabled one adds nothing; None for the factors when
+    several adapters are active at once, which TierMoE does not compute."""
     factors = {}
     while type(module).__name__ == "ParamWrapper":
         name = module.parameter_name
         active = [a for a in module.active_adapters if a in module.lora_A]
-        if module.merged or module.disable_adapters or len(active) > 1:
+        if module.merged or module.disable_adapters:
+            active = []
+        if len(active) > 1:
             return _base(module), None
         if active:
             B, A, scaling = module.get_delta_factors(active[0])

@@ -120,9 +120,9 @@ class TieredMoE(torch.nn.Module):
             lora = EngineLora(factors, score_dtype(engine.dtype))
         elif factors is None or factors:
             raise _core.TierMoEError(
-                f"{self.block_name}: PEFT's expert LoRA here is merged, disabled, one of several "
-                "active adapters, on gpt-oss's x-major experts or of two ranks, which patch does "
-                "not compute (hint: one active adapter of one rank on swiglu experts, or use "
+                f"{self.block_name}: PEFT's expert LoRA here is one of several active adapters, "
+                "on gpt-oss's x-major experts or of two ranks, which patch does not compute "
+                "(hint: one active adapter of one rank on swiglu experts, or use "
                 "experts_implementation=\"tiermoe\", which falls back to PEFT's own product)")
         params = self._bind_experts()
         tier = _TIERS.get(self)

@@ -12,7 +12,8 @@ from peft import LoraConfig, get_peft_model
 
 import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
-from hf_models import Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin
+from hf_models import (Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin,
+                       worst_relative)
 from tiermoe import _lora
 
 RTOL = 1e-9
@@ -102,3 +103,18 @@ def test_frozen_base_trains_only_the_adapters():
     base = experts.get_base_layer() if hasattr(experts, "get_base_layer") else experts
     assert base.gate_up_proj.grad is None and base.down_proj.grad is None
     assert experts.lora_A["default"].weight.grad is not None
+
+
+def test_patch_with_the_adapter_disabled_or_merged_runs_the_base():
+    stock = stock_f64("qwen3_moe")
+
+    def logits(model):
+        with Float64Everywhere(), torch.no_grad():
+            return model(input_ids=batch()).logits
+
+    model = tiered_with(stock, "patch", with_expert_lora)
+    with model.disable_adapter():  # attention LoRA off as well: the stock model itself
+        assert worst_relative(logits(model), logits(twin(stock))) <= RTOL
+    want = logits(with_expert_lora(twin(stock)))
+    model.merge_adapter()  # into the weights, which the engine then reads
+    assert worst_relative(logits(model), want) <= RTOL
