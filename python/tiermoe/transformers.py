@@ -10,6 +10,10 @@ the router scores absorbed before W2 unless the experts carry a post-expert
 norm. Expert weights are read where torch holds them; trainable experts get
 their gradients in .grad like any parameter.
 """
+import contextlib
+import functools
+
+from torch.nn.utils import parametrize
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
 from ._families import experts_params, make_engine
@@ -38,3 +42,41 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
 
 
 ALL_EXPERTS_FUNCTIONS.register(NAME, experts_forward)
+
+
+def _skip_peft_fold_check():
+    """PEFT runs an expert adapter by registering a torch parametrization on the experts module
+    at every forward, and torch checks a new parametrization by evaluating it: PEFT's dense fold
+    W + scaling * B A of the whole expert stack, which nothing reads when TierMoE computes the
+    adapter from its factors (about 2 s of a 4.9 s step at Qwen3-30B-A3B shapes, README). For
+    experts modules that run in TierMoE only, PEFT's registration is made with unsafe=True, which
+    skips that check and nothing else (no right_inverse runs for PEFT's proxy either way)."""
+    try:
+        from peft.tuners.lora.layer import ParamWrapper
+    except ImportError:
+        return
+    activate = getattr(ParamWrapper, "_activate_lora", None)
+    if activate is None or getattr(activate, "_tiermoe", False):
+        return
+
+    @contextlib.contextmanager
+    def activate_lora(self, active_adapters):
+        config = getattr(self.get_base_layer(), "config", None)
+        if getattr(config, "_experts_implementation", None) != NAME:
+            with activate(self, active_adapters):
+                yield
+            return
+        register = parametrize.register_parametrization
+        parametrize.register_parametrization = functools.partial(register, unsafe=True)
+        try:
+            with activate(self, active_adapters):
+                parametrize.register_parametrization = register
+                yield
+        finally:
+            parametrize.register_parametrization = register
+
+    activate_lora._tiermoe = True
+    ParamWrapper._activate_lora = activate_lora
+
+
+_skip_peft_fold_check()

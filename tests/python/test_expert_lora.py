@@ -1,10 +1,9 @@
 """PEFT's LoRA on the experts (target_parameters) computed by the engine, against stock
 transformers + PEFT in f64, whose experts run W + scaling * B A per expert (PEFT's own fold):
 loss and every gradient (attention and expert LoRA factors) to 1e-9 relative. The engine
-computes the adapters from their factors: under patch PEFT's fold never runs; under the experts
-backend it runs once per forward and parameter, only as torch's check when PEFT registers its
-parametrization (nothing reads the result). On gpt-oss's x-major experts the experts backend
-leaves the fold to PEFT and gives the same result. Shown to fail when the engine reads
+computes the adapters from their factors, and PEFT's fold never runs (under the experts backend
+TierMoE has PEFT register its parametrization without torch's check, which would run it). On
+gpt-oss's x-major experts the experts backend leaves the fold to PEFT and gives the same result. Shown to fail when the engine reads
 down_proj's A and B swapped."""
 import pytest
 import torch
@@ -60,9 +59,7 @@ def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
     model = tiered_with(stock, path, with_expert_lora, order)
     counts = count_folds(monkeypatch)
     report = compare(run(model, batch()), want, RTOL)
-    moe_layers = sum(type(m).__name__.endswith("Experts") for m in model.modules())
-    # patch: never; the experts backend: torch's registration check, once per parameter
-    assert counts["folds"] == (0 if path == "patch" else 2 * moe_layers), counts
+    assert counts["folds"] == 0, counts
     assert "grads" not in counts, "a gradient flowed through PEFT's dense fold"
     assert any("experts" in k and "lora_A" in k for k in report)
     assert any("experts" in k and "lora_B" in k for k in report)
@@ -118,3 +115,10 @@ def test_patch_with_the_adapter_disabled_or_merged_runs_the_base():
     want = logits(with_expert_lora(twin(stock)))
     model.merge_adapter()  # into the weights, which the engine then reads
     assert worst_relative(logits(model), want) <= RTOL
+
+
+def test_stock_peft_keeps_its_fold(monkeypatch):
+    """The registration change applies to experts that run in TierMoE only."""
+    counts = count_folds(monkeypatch)
+    run(with_expert_lora(twin(stock_f64("qwen3_moe"))), batch())
+    assert counts["folds"] > 0 and counts.get("grads", 0) > 0, counts
