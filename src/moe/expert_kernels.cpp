@@ -17,6 +17,9 @@ namespace {
 std::vector<Tensor> expert_weights(const GroupedExperts& experts, bool w13) {
   std::vector<Tensor> w(size_t(experts.config().num_experts));
   for (size_t e = 0; e < w.size(); ++e) {
+    TIERMOE_CHECK(experts.weights_bound(int64_t(e)),
+                  detail::str_of("expert ", e, "'s weights are packed before they were bound"),
+                  experts.name(), "bind_weights or bind_expert_weights before the first forward");
     const ExpertWeights ew = experts.weights(int64_t(e));
     w[e] = w13 ? ew.w13_FD : ew.w2_DF;
   }

@@ -167,6 +167,10 @@ void GroupedExperts::zero_grad() {
   for (const auto& n : param_names()) grad(n).zero();
 }
 
+bool GroupedExperts::weights_bound(int64_t e) const {
+  return weights_per_expert() ? w13_e_[size_t(e)].defined() : w13_EFD.raw() != nullptr;
+}
+
 ExpertWeights GroupedExperts::weights(int64_t e) const {
   ExpertWeights w;
   if (weights_per_expert()) {

@@ -162,6 +162,9 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
 }
 
 void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
+  TIERMOE_CHECK(experts_->weights_bound(e),
+                detail::str_of("expert ", e, "'s weights are uploaded before they were bound"),
+                experts_->name(), "bind the experts' weights before the tier places any");
   const ExpertWeights w = experts_->weights(e);
   // Frozen experts may be stored narrower than the compute dtype (bf16 in an
   // f32 run, experts.h); the device holds them widened (exact), so its graphs

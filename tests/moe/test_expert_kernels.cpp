@@ -230,5 +230,27 @@ TEST(ExpertPacks, RepackAfterWeightsChange) {
   expect_same(got, want, ex.param_names(), "after the update");
 }
 
+// Unbound weights (a placeholder shape with no memory) are never packed: the
+// packs refuse them naming the experts, and a stack bound one expert at a
+// time is bound for the experts given only.
+TEST(ExpertPacks, UnboundWeightsAreRefusedNotRead) {
+  const ExpertsConfig cfg = testing::experts_config(Variant::swiglu, 2, kD, kF);
+  GroupedExperts stacked(cfg, DType::bf16, "model.layers.0.mlp.experts", /*unbound_weights=*/true);
+  EXPECT_FALSE(stacked.weights_bound(0));
+  try {
+    stacked.packs().get(stacked, ExpertPack::w13_glu);
+    FAIL() << "an unbound stack was packed";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("before they were bound"), std::string::npos) << e.what();
+    EXPECT_EQ(e.where(), "model.layers.0.mlp.experts");
+  }
+  GroupedExperts one(cfg, DType::bf16, "experts", /*unbound_weights=*/true);
+  one.bind_expert_weights(0, Tensor::zeros({2 * kF, kD}, DType::bf16),
+                          Tensor::zeros({kD, kF}, DType::bf16));
+  EXPECT_TRUE(one.weights_bound(0));
+  EXPECT_FALSE(one.weights_bound(1));
+  EXPECT_THROW(one.packs().get(one, ExpertPack::w2), Error);
+}
+
 }  // namespace
 }  // namespace tiermoe

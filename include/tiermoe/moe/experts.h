@@ -122,6 +122,10 @@ class GroupedExperts {
   void bind_weights(Tensor w13_EFD, Tensor w2_EDF);
   void bind_expert_weights(int64_t e, Tensor w13_FD, Tensor w2_DF);
   bool weights_per_expert() const { return !w13_e_.empty(); }
+  // Expert e has weights to read: stacked ones with memory, or its own bound.
+  // An unbound placeholder has a shape and a dtype only; whoever reads the
+  // bytes (the packs, the device tier's uploads) checks this first.
+  bool weights_bound(int64_t e) const;
 
   // "w13" [E, 2F, D], "w2" [E, D, F]; with bias "b13" [E, 2F], "b2" [E, D];
   // with post_norm "norm" [E, D]. The mutable access counts as a change of
