@@ -14,7 +14,7 @@ find_package(nanobind CONFIG REQUIRED)
 
 file(GLOB py_srcs CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/python/src/*.cpp)
 nanobind_add_module(_core NB_STATIC ${py_srcs})
-target_link_libraries(_core PRIVATE tiermoe_model tiermoe_io tiermoe_cuda)
+target_link_libraries(_core PRIVATE tiermoe_train tiermoe_io nlohmann_json::nlohmann_json)
 target_include_directories(_core PRIVATE ${PROJECT_SOURCE_DIR}/python/src)
 
 if(SKBUILD)

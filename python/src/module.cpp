@@ -7,15 +7,17 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
+#include <nlohmann/json.hpp>
 
 #include <cstdint>
 #include <string>
 
 #include "dlpack_tensor.h"
 #include "moe_op.h"
-#include "tier_op.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/remat/policy.h"
+#include "tiermoe/train/metrics.h"
+#include "tiermoe/train/tier_session.h"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -70,30 +72,6 @@ MoeOpConfig op_config(int64_t num_experts, int64_t hidden, int64_t ffn, const st
     c.router.validate(name);
   }
   return c;
-}
-
-nb::dict stats_dict(const tiermoe::TierStepStats& s) {
-  nb::dict d;
-  const tiermoe::TierLayerStats& t = s.total;
-  d["hot_fraction"] = t.hot_fraction();
-  d["rows"] = t.rows;
-  d["device_rows"] = t.device_rows;
-  d["device_calls"] = t.device_calls;
-  d["bytes_up"] = t.bytes_up;
-  d["bytes_down"] = t.bytes_down;
-  d["host_s"] = t.host_s;
-  d["wait_s"] = t.wait_s;
-  d["device_s"] = t.device_s;
-  d["transfer_s"] = t.transfer_s;
-  d["faults"] = s.faults;
-  d["replacements"] = s.replacements;
-  d["moved_in"] = s.moved_in;
-  d["moved_out"] = s.moved_out;
-  d["bytes_moved"] = s.bytes_moved;
-  d["bytes_synced"] = s.bytes_synced;
-  d["drift"] = s.drift;
-  d["resident_experts"] = s.resident_experts;
-  return d;
 }
 
 }  // namespace
@@ -209,8 +187,8 @@ NB_MODULE(_core, m) {
       // A copy: the engine reuses its gradient buffers in the next backward.
       .def("grad", [](MoeOp& op, const std::string& name) { return to_array(op.grad(name).clone()); },
            "name"_a)
-      .def("attach_tier", [](MoeOp& op, tiermoe::py::TierOp& tier, int64_t layer) {
-             tier.attach(layer, op);
+      .def("attach_tier", [](MoeOp& op, tiermoe::TierSession& tier, int64_t layer) {
+             op.attach_tier(tier.tier(), layer);
            }, "tier"_a, "layer"_a, nb::keep_alive<1, 2>())
       .def("pack_stats", [](const MoeOp& op) {
         const tiermoe::ExpertPackStats s = op.pack_stats();
@@ -221,23 +199,25 @@ NB_MODULE(_core, m) {
         return d;
       });
 
-  nb::class_<tiermoe::py::TierOp>(m, "TierOp", "The device tier of one model's MoE ops.")
+  // The device tier of one model's MoE ops: `tiermoe train --device`'s
+  // TierSession, built for the ops' shapes; its step figures leave as the
+  // JSON of train's --metrics ("tier"), which the Python side parses.
+  nb::class_<tiermoe::TierSession>(m, "TierSession", "The device tier of one model's MoE ops.")
       .def("__init__",
-           [](tiermoe::py::TierOp* self, const std::string& device, uint64_t memory,
+           [](tiermoe::TierSession* self, const std::string& device, uint64_t memory,
               const std::string& placement, bool full, int64_t hidden, int64_t ffn,
               const std::string& dtype, bool bias, const std::string& activation, bool absorb,
               int64_t layers, int64_t experts, const std::string& profile_in,
-              const std::optional<std::vector<double>>& rates, int device_threads) {
-             tiermoe::py::TierOpConfig c;
+              const std::optional<std::vector<double>>& rates) {
+             tiermoe::TierRunConfig c;
              c.device = device;
-             c.memory = memory;
+             c.device_memory = memory;
              c.placement = placement;
-             c.full = full;
              c.profile_in = profile_in;
-             c.device_threads = device_threads;
              if (rates) {  // host flop/s, device flop/s, link byte/s, launch s
-               TIERMOE_CHECK(rates->size() == 4, "rates are (host flop/s, device flop/s, link "
-                             "byte/s, launch s)", "TierOp", "");
+               TIERMOE_CHECK(rates->size() == 4,
+                             "rates are (host flop/s, device flop/s, link byte/s, launch s)",
+                             "rates", "");
                tiermoe::CostModel cost;
                cost.host_flops_per_s = (*rates)[0];
                cost.device_flops_per_s = (*rates)[1];
@@ -255,21 +235,23 @@ NB_MODULE(_core, m) {
              shape.activation = activation == "gpt_oss" ? tiermoe::ExpertActivation::gpt_oss
                                                          : tiermoe::ExpertActivation::swiglu;
              shape.absorb = absorb;
-             new (self) tiermoe::py::TierOp(c, shape, layers, experts);
+             new (self) tiermoe::TierSession(c, shape, layers, experts, full, nullptr);
            },
            nb::kw_only(), "device"_a, "memory"_a, "placement"_a = "auto", "full"_a = false,
            "hidden"_a, "ffn"_a, "dtype"_a, "bias"_a = false, "activation"_a = "swiglu",
            "absorb"_a = true, "layers"_a, "experts"_a, "profile_in"_a = "",
-           "rates"_a = nb::none(), "device_threads"_a = 0)
-      .def("begin_step", &tiermoe::py::TierOp::begin_step)
-      .def("end_step", [](tiermoe::py::TierOp& t, bool weights_changed) {
-             return stats_dict(t.end_step(weights_changed));
+           "rates"_a = nb::none())
+      .def("begin_step", [](tiermoe::TierSession& t) { t.tier().begin_step(); })
+      .def("end_step", [](tiermoe::TierSession& t, bool weights_changed) {
+             const tiermoe::TierStepStats s = t.tier().end_step(weights_changed);
+             t.record(s);
+             return tiermoe::tier_step_json(s).dump();
            }, "weights_changed"_a)
-      .def("totals", [](const tiermoe::py::TierOp& t) { return stats_dict(t.totals()); })
-      .def("save_profile", [](tiermoe::py::TierOp& t, const std::string& path) {
+      .def("totals", [](const tiermoe::TierSession& t) { return t.summary_json().dump(); })
+      .def("save_profile", [](tiermoe::TierSession& t, const std::string& path) {
              t.tier().profile().save(path);
            }, "path"_a)
-      .def("resident_experts", [](tiermoe::py::TierOp& t) {
+      .def("resident_experts", [](tiermoe::TierSession& t) {
         std::vector<std::vector<int64_t>> ids;
         for (const auto& layer : t.tier().placement().resident) {
           ids.emplace_back();

@@ -66,10 +66,17 @@ ExpertProj lora_proj(const std::string& name, const std::string& where) {
 }  // namespace
 
 void MoeOp::set_lora(int64_t rank, bool w13, bool w2) {
+  // Called before every forward and backward: a LoRA of the same shape stays.
+  const bool none = rank <= 0 || !(w13 || w2);
+  if (none ? !lora_
+           : lora_ && lora_->rank() == rank && lora_->has(ExpertProj::gate) == w13 &&
+                 lora_->has(ExpertProj::down) == w2) {
+    return;
+  }
   experts_.set_adapter(nullptr);
   adapter_.reset();
   lora_.reset();
-  if (rank <= 0 || !(w13 || w2)) return;
+  if (none) return;
   LoraConfig c;
   c.rank = rank;
   c.alpha = double(rank);  // scaling 1
@@ -85,7 +92,7 @@ void MoeOp::set_lora(int64_t rank, bool w13, bool w2) {
 
 void MoeOp::bind_lora(const std::string& proj, Tensor A_ERI, Tensor B_EOR) {
   TIERMOE_CHECK(lora_ != nullptr, "expert LoRA weights for an op without LoRA", cfg_.name,
-                "set_lora_rank first");
+                "set_lora first");
   const ExpertProj p = lora_proj(proj, cfg_.name);
   const std::string what = cfg_.name + ".experts lora " + proj;
   Tensor& A = lora_->A(p);
@@ -144,7 +151,7 @@ const Tensor& MoeOp::grad(const std::string& name) {
     return router_->grad(name.substr(7));
   }
   if (name.starts_with("lora.")) {
-    TIERMOE_CHECK(lora_ != nullptr, "this op has no expert LoRA", cfg_.name, "set_lora_rank first");
+    TIERMOE_CHECK(lora_ != nullptr, "this op has no expert LoRA", cfg_.name, "set_lora first");
     const size_t dot = name.rfind('.');
     const ExpertProj p = lora_proj(name.substr(5, dot - 5), cfg_.name);
     const std::string which = name.substr(dot + 1);

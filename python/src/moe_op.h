@@ -59,7 +59,8 @@ class MoeOp {
   // LoRA of rank R on the experts' gate_proj and up_proj (w13) and/or
   // down_proj (w2), at scaling 1 (the caller folds its scaling into B),
   // computed beside the frozen weights as thin products (model/lora.h). Its
-  // weights are bound by bind_lora before each forward; rank 0 removes it.
+  // weights are bound by bind_lora before each forward; rank 0 removes it. A
+  // call with the LoRA's own rank and projections changes nothing.
   void set_lora(int64_t rank, bool w13, bool w2);
   int64_t lora_rank() const { return lora_ ? lora_->rank() : 0; }
   // "gate", "up" or "down": A [E, R, in] and B [E, out, R] in the LoRA master

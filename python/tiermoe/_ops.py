@@ -112,8 +112,7 @@ class EngineMoe:
 
 def _bind_lora(engine, lora):
     if lora is None:
-        if engine.op.lora_rank:
-            engine.op.set_lora(0, False, False)
+        engine.op.set_lora(0, False, False)
     else:
         lora.bind(engine.op)
 

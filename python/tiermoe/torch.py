@@ -11,6 +11,7 @@ and combine run forward and backward in the engine through one
 torch.autograd.Function; the combine is never replayed. Shared experts run in
 PyTorch beside it (so PEFT adapts them like any nn.Linear).
 """
+import json
 import weakref
 from typing import Optional
 
@@ -52,7 +53,7 @@ class _TierState:
         if not self.in_step:
             return
         trained = any(p.requires_grad for b in self.blocks for p in b.experts.parameters())
-        self.last = self.op.end_step(trained)
+        self.last = json.loads(self.op.end_step(trained))
         self.in_step = False
         self.steps += 1
 
@@ -93,9 +94,10 @@ class TieredMoE(torch.nn.Module):
                           lambda: make_engine(experts, self.block_name, absorb=self.absorb_scores,
                                               remat=self.remat, block=self, spec=self.spec))
 
-    def _bind_experts(self):
-        """Binds the engine to the experts' tensors (unless unchanged); returns them."""
-        params = experts_params(unwrap(self.experts)[0])
+    def _bind_experts(self, experts=None):
+        """Binds the engine to the experts' tensors (unless unchanged); returns them. `experts`:
+        the experts module under PEFT's wrappers, when the caller has it."""
+        params = experts_params(experts if experts is not None else unwrap(self.experts)[0])
         self._engine().sync_experts(*params)
         return params
 
@@ -124,7 +126,7 @@ class TieredMoE(torch.nn.Module):
                 "on gpt-oss's x-major experts or of two ranks, which patch does not compute "
                 "(hint: one active adapter of one rank on swiglu experts, or use "
                 "experts_implementation=\"tiermoe\", which falls back to PEFT's own product)")
-        params = self._bind_experts()
+        params = self._bind_experts(experts)
         tier = _TIERS.get(self)
         if tier is not None:
             tier.begin()
@@ -204,7 +206,11 @@ def _attach_tier(blocks, device, device_memory, placement, profile, rates):
     e0, w13 = engines[0], experts[0].gate_up_proj
     E, F2, D = (w13.shape[0], w13.shape[2], w13.shape[1]) if e0.transposed else tuple(w13.shape)
     full = any(p.requires_grad for x in experts for p in x.parameters())
-    op = _core.TierOp(device=device, memory=int(device_memory or 0), placement=placement,
+    if device_memory is None:
+        raise _core.TierMoEError(
+            f"patch(device={device!r}): device_memory must be given with a device "
+            "(hint: the tier's budget in bytes on the device, e.g. device_memory=8 << 30)")
+    op = _core.TierSession(device=device, memory=int(device_memory), placement=placement,
                       full=full, hidden=D, ffn=F2 // 2, dtype=DTYPE_NAMES[e0.dtype],
                       bias=bool(getattr(experts[0], "has_bias", False)),
                       activation="gpt_oss" if e0.transposed else "swiglu",
@@ -234,7 +240,7 @@ def stats(model: torch.nn.Module) -> dict:
     bytes each way, the time split host / device / wait / transfers, re-placements and weight
     moves, the experts resident after it, per layer) and the run's totals so far."""
     state = _tier_of(model)
-    return {"steps": state.steps, "last_step": state.last, "totals": state.op.totals(),
+    return {"steps": state.steps, "last_step": state.last, "totals": json.loads(state.op.totals()),
             "resident_experts": state.op.resident_experts()}
 
 

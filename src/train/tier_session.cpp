@@ -57,9 +57,21 @@ ExpertShape expert_shape(const CausalLM& model) {
 TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full_ft,
                          std::ostream* log, std::optional<RoutingProfile> profile,
                          bool progress_tty)
+    // With expert parallelism the tier runs this rank's experts only.
+    : TierSession(config, expert_shape(model), model.num_moe_layers(), model.local_experts(),
+                  full_ft, log, std::move(profile), progress_tty) {
+  model.attach_device_tier(*tier_);
+  if (log && !tier_->any_device_capable()) {
+    *log << "tier: note: every MoE layer's experts carry a LoRA adapter (gate/up/down_proj in "
+            "--lora-targets), which the device graphs do not run: all experts stay on the host\n";
+  }
+}
+
+TierSession::TierSession(const TierRunConfig& config, const ExpertShape& shape, int64_t layers,
+                         int64_t experts, bool full_ft, std::ostream* log,
+                         std::optional<RoutingProfile> profile, bool progress_tty)
     : config_(config) {
   config_.validate();
-  const ExpertShape shape = expert_shape(model);
   const TrainMode mode = full_ft ? TrainMode::full : TrainMode::lora;
   const DeviceChoice choice = parse_device_choice(config_.device, "--device");
   const bool cuda = choice.kind == DeviceChoice::Kind::cuda;
@@ -124,15 +136,8 @@ TierSession::TierSession(const TierRunConfig& config, CausalLM& model, bool full
   tc.host_threads = host_threads;
   tc.replan = config_.replan;
   if (!profile && !config_.profile_in.empty()) profile = RoutingProfile::load(config_.profile_in);
-  // With expert parallelism the tier runs this rank's experts only.
-  tier_ = std::make_unique<DeviceTier>(*device_, tc, shape, model.num_moe_layers(),
-                                       model.local_experts(), std::move(profile));
+  tier_ = std::make_unique<DeviceTier>(*device_, tc, shape, layers, experts, std::move(profile));
   device_->inject(config_.faults);
-  model.attach_device_tier(*tier_);
-  if (log && !tier_->any_device_capable()) {
-    *log << "tier: note: every MoE layer's experts carry a LoRA adapter (gate/up/down_proj in "
-            "--lora-targets), which the device graphs do not run: all experts stay on the host\n";
-  }
 }
 
 TierSession::~TierSession() {

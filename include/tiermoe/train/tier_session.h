@@ -48,6 +48,12 @@ class TierSession {
   // (rewritten in place when progress_tty).
   TierSession(const TierRunConfig& config, CausalLM& model, bool full_ft, std::ostream* log,
               std::optional<RoutingProfile> profile = std::nullopt, bool progress_tty = false);
+  // The same for `layers` MoE layers of `experts` experts of `shape`, with
+  // nothing attached: each layer's experts attach through tier().attach (the
+  // Python package's MoE ops do).
+  TierSession(const TierRunConfig& config, const ExpertShape& shape, int64_t layers,
+              int64_t experts, bool full_ft, std::ostream* log,
+              std::optional<RoutingProfile> profile = std::nullopt, bool progress_tty = false);
   ~TierSession();
 
   DeviceTier& tier() { return *tier_; }
