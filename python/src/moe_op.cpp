@@ -12,6 +12,14 @@ MoeLayerConfig layer_config(const MoeOpConfig& cfg) {
   return l;
 }
 
+ExpertProj lora_proj(const std::string& name, const std::string& where) {
+  if (name == "gate") return ExpertProj::gate;
+  if (name == "up") return ExpertProj::up;
+  TIERMOE_CHECK(name == "down", "unknown expert projection '" + name + "'", where,
+                "gate, up or down");
+  return ExpertProj::down;
+}
+
 }  // namespace
 
 MoeOp::MoeOp(MoeOpConfig cfg)
@@ -52,18 +60,6 @@ void MoeOp::bind_router(Tensor weight_ED, Tensor bias_E, Tensor selection_bias_E
   if (cfg_.router.kind == RouterKind::deepseek_v3)
     bind("e_score_correction_bias", std::move(selection_bias_E));
 }
-
-namespace {
-
-ExpertProj lora_proj(const std::string& name, const std::string& where) {
-  if (name == "gate") return ExpertProj::gate;
-  if (name == "up") return ExpertProj::up;
-  TIERMOE_CHECK(name == "down", "unknown expert projection '" + name + "'", where,
-                "gate, up or down");
-  return ExpertProj::down;
-}
-
-}  // namespace
 
 void MoeOp::set_lora(int64_t rank, bool w13, bool w2) {
   // Called before every forward and backward: a LoRA of the same shape stays.

@@ -1,6 +1,5 @@
 """The package itself: importing it, tensors crossing without a copy, the CLI entry point, and
 the errors a user sees for bad use."""
-import os
 import subprocess
 import sys
 

@@ -10,7 +10,7 @@ from peft import LoraConfig, get_peft_model
 
 import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
-from hf_models import Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin
+from hf_models import FAMILIES, Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin
 
 RTOL = 1e-9
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj"]
@@ -27,7 +27,7 @@ def with_lora(model, seed=3):
     return model
 
 
-@pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+@pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("path,order", [("experts", None), ("patch", "patch first"),
                                         ("patch", "peft first")])
 def test_attention_lora_equals_stock_peft(family, path, order):
