@@ -39,7 +39,8 @@ def check_input(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
     if x.device.type != "cpu":
         raise _core.TierMoEError(
             f"{name}: hidden_states are on {x.device}; this TierMoE path runs CPU tensors "
-            "(hint: keep the model on the CPU; CUDA inputs come with the device tier from Python)")
+            "(hint: keep the model on the CPU; the MoE blocks do not take CUDA tensors yet, and "
+            "tiermoe.torch.patch(device=\"cuda\", ...) puts the hot experts on the GPU)")
     if x.dtype != dtype:
         raise _core.TierMoEError(
             f"{name}: hidden_states are {x.dtype} but the experts are {dtype} "
