@@ -22,7 +22,8 @@ struct BenchKernelOptions {
   std::vector<int64_t> rows = {1, 16, 64, 256, 1024};
   int64_t max_rows = 8192;
   int iters = 3, threads = 0;
-  std::string isa;
+  std::string isa, experts;
+  int64_t group = 128;
   bool json = false;
 };
 
@@ -42,8 +43,13 @@ void run_bench_expert_kernels(const BenchKernelOptions& o) {
   opt.max_rows = o.max_rows;
   opt.iters = o.iters;
   opt.threads = o.threads;
+  if (!o.experts.empty() && o.experts != o.dtype) {
+    opt.quant = parse_quant_format(o.experts, "--experts");
+  }
+  opt.group = o.group;
   std::cerr << "bench expert-kernels: " << o.preset << " (E " << opt.experts << ", D "
-            << opt.hidden << ", F " << opt.ffn << "), " << o.dtype << ", ISA "
+            << opt.hidden << ", F " << opt.ffn << "), " << o.dtype << " products over "
+            << (opt.quant ? o.experts : o.dtype) << " weights, ISA "
             << cpu_isa_name(cpu_isa()) << "\n";
   const ExpertKernelBenchResult r = run_expert_kernel_bench(opt);
   if (o.json) {
@@ -80,6 +86,11 @@ void add_bench_expert_kernels(CLI::App* bench) {
   k->add_option("--isa", o->isa,
                 "GEMM ISA: avx2 | avx512 | avx512bf16 | amx | *-emu (default: TIERMOE_ISA, else "
                 "the best this CPU has)");
+  k->add_option("--experts", o->experts,
+                "Frozen expert weights stored as int4 | int8 | mxfp4 | fp8 (default: the dtype)");
+  k->add_option("--group", o->group, "int4/int8 columns per scale")
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
   k->add_flag("--json", o->json, "Print one JSON object on stdout");
   k->callback([o] { run_bench_expert_kernels(*o); });
 }

@@ -17,7 +17,8 @@ namespace tiermoe {
 
 std::string ExpertKernelBenchResult::to_json() const {
   std::ostringstream os;
-  os << "{\"isa\": \"" << isa << "\", \"dtype\": \"" << dtype << "\", \"threads\": " << threads
+  os << "{\"isa\": \"" << isa << "\", \"dtype\": \"" << dtype << "\", \"weights\": \"" << weights
+     << "\", \"threads\": " << threads
      << ", \"peak_tflops\": " << peak_tflops << ", \"read_gbps\": " << read_gbps
      << ", \"pack_s\": " << pack_s
      << ", \"repack_s\": " << repack_s << ", \"pack_bytes\": " << pack_bytes << ", \"kernels\": [";
@@ -38,8 +39,9 @@ std::string ExpertKernelBenchResult::to_table() const {
   std::ostringstream os;
   char line[160];
   std::snprintf(line, sizeof line,
-                "ISA %s, %s, %d threads, measured peak %.3f TFLOP/s, memory read %.1f GB/s\n",
-                isa.c_str(), dtype.c_str(), threads, peak_tflops, read_gbps);
+                "ISA %s, %s products over %s weights, %d threads, measured peak %.3f TFLOP/s, "
+                "memory read %.1f GB/s\n",
+                isa.c_str(), dtype.c_str(), weights.c_str(), threads, peak_tflops, read_gbps);
   os << line;
   std::snprintf(line, sizeof line, "%-8s %8s %8s %10s %9s %8s %9s %8s\n", "kernel", "rows/exp",
                 "experts", "seconds", "TFLOP/s", "of peak", "roofline", "of roof");
@@ -50,12 +52,60 @@ std::string ExpertKernelBenchResult::to_table() const {
                   t.tflops, 100 * t.of_peak, t.roofline_tflops, 100 * t.of_roofline);
     os << line;
   }
-  std::snprintf(line, sizeof line,
-                "packing all four stacks: %.3f s the first time, %.3f s again; %.1f MB held\n",
-                pack_s, repack_s, double(pack_bytes) / 1e6);
+  if (weights == dtype) {
+    std::snprintf(line, sizeof line,
+                  "packing all four stacks: %.3f s the first time, %.3f s again; %.1f MB held\n",
+                  pack_s, repack_s, double(pack_bytes) / 1e6);
+  } else {
+    std::snprintf(line, sizeof line,
+                  "%s weights: %.1f MB stored, expanded panel by panel (no packed copies)\n",
+                  weights.c_str(), double(pack_bytes) / 1e6);
+  }
   os << line;
   return os.str();
 }
+
+namespace {
+
+// The experts' matrices in a stored format: int4/int8 quantized from the
+// weights, mxfp4 and fp8 random codes of the format (their speed does not
+// depend on the values; fp8's NaN codes left out).
+std::vector<QuantMatrix> stored_as(const GroupedExperts& experts, bool w13,
+                                   const ExpertKernelBenchOptions& opt, Rng& rng) {
+  std::vector<QuantMatrix> out;
+  const QuantFormat f = *opt.quant;
+  for (int64_t e = 0; e < experts.config().num_experts; ++e) {
+    const Tensor w = w13 ? experts.weights(e).w13_FD : experts.weights(e).w2_DF;
+    if (f == QuantFormat::int4 || f == QuantFormat::int8) {
+      out.push_back(quantize_int(w, f, opt.group));
+      continue;
+    }
+    const int64_t rows = w.size(0), cols = w.size(1);
+    const bool mx = f == QuantFormat::mxfp4;
+    QuantMatrix q;
+    q.format = f, q.rows = rows, q.cols = cols, q.group = mx ? 32 : 128;
+    q.code_stride = mx ? (cols + 1) / 2 : cols;
+    q.scale_stride = q.scale_cols();
+    Tensor codes = Tensor::empty({(rows * q.code_stride + 3) / 4}, DType::f32, MemTag::weights);
+    Tensor scales = Tensor::empty({q.scale_rows() * q.scale_stride}, DType::f32, MemTag::weights);
+    auto* c = static_cast<uint8_t*>(codes.raw());
+    for (int64_t i = 0; i < rows * q.code_stride; ++i) {
+      c[i] = uint8_t(rng.below(256));
+      if (!mx && (c[i] & 0x7f) == 0x7f) c[i] &= 0xfe;
+    }
+    auto* sc = static_cast<uint8_t*>(scales.raw());
+    for (int64_t i = 0; i < q.scale_rows() * q.scale_stride; ++i) {
+      if (mx) sc[i] = uint8_t(120 + rng.below(4));
+      else static_cast<float*>(scales.raw())[i] = float(rng.uniform(1e-4, 1e-3));
+    }
+    q.codes = c, q.scales = sc;
+    q.owner = std::make_shared<std::pair<Tensor, Tensor>>(codes, scales);
+    out.push_back(q);
+  }
+  return out;
+}
+
+}  // namespace
 
 ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& opt) {
   TIERMOE_CHECK(opt.experts >= 1 && opt.hidden >= 1 && opt.ffn >= 1 && opt.iters >= 1 &&
@@ -84,19 +134,44 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
   res.threads = num_threads();
   res.peak_tflops = measure_peak_flops(cpu_isa(), opt.dtype, res.threads) / 1e12;
   res.read_gbps = measure_read_bandwidth(res.threads) / 1e9;
+  res.weights = res.dtype;
   ExpertPacks& packs = experts.packs();
+  // Quantized: the four products read the stored matrices through their
+  // own PackedWeights; otherwise the experts' packs.
+  PackedWeights stored[4];
+  int64_t stored_bytes = 0;
+  if (opt.quant) {
+    const QuantFormat f = *opt.quant;
+    const bool ints = f == QuantFormat::int4 || f == QuantFormat::int8;
+    res.weights = std::string(quant_format_name(f)) + (ints ? detail::str_of(" g", opt.group) : "");
+    std::vector<QuantMatrix> q13 = stored_as(experts, true, opt, rng);
+    std::vector<QuantMatrix> q2 = stored_as(experts, false, opt, rng);
+    for (const QuantMatrix& q : q13) stored_bytes += q.bytes();
+    for (const QuantMatrix& q : q2) stored_bytes += q.bytes();
+    stored[int(ExpertPack::w13_glu)].bind_quantized(q13, opt.dtype, PackUse::forward_glu);
+    stored[int(ExpertPack::w2)].bind_quantized(q2, opt.dtype, PackUse::forward);
+    stored[int(ExpertPack::w13_dx)].bind_quantized(q13, opt.dtype, PackUse::backward_dx);
+    stored[int(ExpertPack::w2_dx)].bind_quantized(q2, opt.dtype, PackUse::backward_dx);
+  }
+  auto weights = [&](ExpertPack p) -> const PackedWeights& {
+    return opt.quant ? stored[int(p)] : packs.get(experts, p);
+  };
   auto pack_all = [&] {
     for (ExpertPack p :
          {ExpertPack::w13_glu, ExpertPack::w2, ExpertPack::w13_dx, ExpertPack::w2_dx}) {
       packs.get(experts, p);
     }
   };
-  pack_all();
-  res.pack_s = packs.stats().seconds;
-  res.pack_bytes = packs.stats().bytes;
-  experts.weights_changed();  // the re-pack reuses the buffers: no page faults
-  pack_all();
-  res.repack_s = packs.stats().seconds - res.pack_s;
+  if (opt.quant) {
+    res.pack_bytes = stored_bytes;
+  } else {
+    pack_all();
+    res.pack_s = packs.stats().seconds;
+    res.pack_bytes = packs.stats().bytes;
+    experts.weights_changed();  // the re-pack reuses the buffers: no page faults
+    pack_all();
+    res.repack_s = packs.stats().seconds - res.pack_s;
+  }
 
   using Clock = std::chrono::steady_clock;
   for (int64_t r : opt.rows_per_expert) {
@@ -121,7 +196,11 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
     };
     const double mnk = 2.0 * double(N) * double(D) * double(F);
     const double sz = double(dtype_size(opt.dtype)), gsz = double(dtype_size(experts.grad_dtype()));
-    const double w2_bytes = double(G) * double(D) * double(F) * sz, w13_bytes = 2 * w2_bytes;
+    const double w2_bytes = opt.quant ? double(G) * double(quant_bytes(*opt.quant, D, F, opt.group))
+                                      : double(G) * double(D) * double(F) * sz;
+    const double w13_bytes = opt.quant
+                                 ? double(G) * double(quant_bytes(*opt.quant, 2 * F, D, opt.group))
+                                 : 2 * w2_bytes;
     const double row_D = double(N) * double(D) * sz, row_F = double(N) * double(F) * sz;
     // The weight gradients as a full fine-tuning backward computes them: per
     // expert, spread over the cores expert by expert (for_each_expert), each
@@ -149,20 +228,22 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
     const Kernel kernels[] = {
         {"w13_glu", 2 * mnk, w13_bytes + row_D + 4 * row_F,  // x in; h, a, a' out
          [&] {
-           cpu::grouped_glu_forward(h, a, as, x, offset_E, packs.get(experts, ExpertPack::w13_glu),
-                                    none, score);
+           cpu::grouped_glu_forward(h, a, as, x, offset_E, weights(ExpertPack::w13_glu), none,
+                                    score);
          }},
         {"w2", mnk, w2_bytes + row_F + row_D,
-         [&] { cpu::grouped_matmul(y, as, offset_E, packs.get(experts, ExpertPack::w2)); }},
+         [&] { cpu::grouped_matmul(y, as, offset_E, weights(ExpertPack::w2)); }},
         {"w2_dx", mnk, w2_bytes + row_D + row_F,
-         [&] { cpu::grouped_matmul(da, dy, offset_E, packs.get(experts, ExpertPack::w2_dx)); }},
+         [&] { cpu::grouped_matmul(da, dy, offset_E, weights(ExpertPack::w2_dx)); }},
         {"w13_dx", 2 * mnk, w13_bytes + 2 * row_F + row_D,
-         [&] { cpu::grouped_matmul(dx, h, offset_E, packs.get(experts, ExpertPack::w13_dx)); }},
+         [&] { cpu::grouped_matmul(dx, h, offset_E, weights(ExpertPack::w13_dx)); }},
         // the sums in the grad dtype; dw13 reads x, h and da and writes dh
         {"dw2", mnk, w2_bytes / sz * gsz + row_F + row_D, [&] { weight_grads(false); }},
         {"dw13", 2 * mnk, w13_bytes / sz * gsz + row_D + 5 * row_F, [&] { weight_grads(true); }},
     };
     for (const Kernel& k : kernels) {
+      const bool weight_grad = k.name[0] == 'd' && k.name[1] == 'w';
+      if (opt.quant && weight_grad) continue;  // quantized weights are frozen
       k.run();  // warm-up: scratch, caches
       std::vector<double> times;
       for (int it = 0; it < opt.iters; ++it) {

@@ -29,6 +29,7 @@
 
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/kernels/cpu_isa.h"
+#include "tiermoe/kernels/quant.h"
 
 namespace tiermoe {
 
@@ -64,6 +65,16 @@ class PackedWeights {
   // (a mapped bf16 checkpoint in an f32 run), widened while packing, so the
   // products are those of the widened weights.
   void pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu glu = {});
+  // Binds weights stored quantized (kernels/quant.h), one [N, K] matrix per
+  // group, for products in dt: nothing is packed ahead. Each product expands
+  // the panels it needs from the codes while packing them, into what pack()
+  // would have written from dequantize(w, f32), so the products are those of
+  // the dequantized weights, bit for bit, and only the stored bytes stay
+  // resident. A group's rows go through the panels in tall blocks
+  // (gemm::tall_rows), so a panel is expanded once per such block.
+  void bind_quantized(std::vector<QuantMatrix> w_G_NK, DType dt, PackUse use, Glu glu = {});
+  bool quantized() const { return !quant_.empty(); }
+  const QuantMatrix& quant_source(int64_t g) const { return quant_[size_t(g)]; }
   // Whether pack() takes weights stored as `stored` for products in dt: as
   // they are, or widened while packing (bf16 into f32).
   static bool reads(DType stored, DType dt) {
@@ -73,24 +84,29 @@ class PackedWeights {
   // bf16) on the process's ISA, without packing (memory plans).
   static int64_t storage_bytes(int64_t G, int64_t N, int64_t K, DType dt, PackUse use,
                                Glu glu = {});
-  bool packed() const { return storage_.defined(); }
+  bool packed() const { return storage_.defined() || quantized(); }
   CpuIsa isa() const { return isa_; }
   PackUse use() const { return use_; }
   const Glu& glu() const { return glu_; }
   DType dtype() const { return dtype_; }  // of the products' inputs and outputs
-  const Tensor& source(int64_t g) const { return sources_[size_t(g)]; }  // [N, K] as stored
+  // [N, K] as stored (undefined when quantized: quant_source).
+  const Tensor& source(int64_t g) const { return sources_[size_t(g)]; }
   int64_t groups() const { return G_; }
   int64_t out_features() const { return N_; }  // N
   int64_t in_features() const { return K_; }   // K
   int64_t bytes() const { return storage_.defined() ? G_ * group_bytes_ : 0; }
 
   // For the cpu twin: the product's C columns as packed (forward_glu pads
-  // each block's gate and up halves to whole panels) and one group's panels.
+  // each block's gate and up halves to whole panels) and one group's panels
+  // (null when quantized).
   int64_t packed_cols() const { return packed_cols_; }
   const void* group_data(int64_t g) const;
 
  private:
+  void set_shape(int64_t G, int64_t N, int64_t K, DType dt, PackUse use, Glu glu);
+
   std::vector<Tensor> sources_;
+  std::vector<QuantMatrix> quant_;
   Tensor storage_;
   DType dtype_ = DType::f32;
   CpuIsa isa_ = CpuIsa::avx2;

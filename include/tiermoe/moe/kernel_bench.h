@@ -10,10 +10,12 @@
 // at the least. The weights are packed before timing; packing is reported
 // on its own.
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "tiermoe/core/dtype.h"
+#include "tiermoe/kernels/quant.h"
 
 namespace tiermoe {
 
@@ -24,6 +26,11 @@ struct ExpertKernelBenchOptions {
   // Experts per case: all of them, or fewer so that a case holds at most
   // this many rows (the large cases stay seconds, not minutes).
   int64_t max_rows = 8192;
+  // Frozen weights stored quantized (kernels/quant.h) instead of in dtype:
+  // the four products only (no weight gradients), int4/int8 with `group`
+  // columns per scale, mxfp4 and fp8 with random codes of their format.
+  std::optional<QuantFormat> quant;
+  int64_t group = 128;
   int iters = 3;    // timed calls per kernel (the median is reported)
   int threads = 0;  // 0: the process default
   uint64_t seed = 0;
@@ -43,12 +50,13 @@ struct ExpertKernelTiming {
 
 struct ExpertKernelBenchResult {
   std::string isa, dtype;
+  std::string weights;  // "bf16", or the stored format: "int4 g128", "mxfp4"
   int threads = 0;
   double peak_tflops = 0;  // measured before and after the kernels, the higher; 0 on emulated ISAs
   double read_gbps = 0;    // memory read bandwidth, GB/s, measured likewise
   double pack_s = 0;       // packing all four stacks once (first touch of the buffers included)
   double repack_s = 0;     // packing them again, as full fine-tuning does after each step
-  int64_t pack_bytes = 0;
+  int64_t pack_bytes = 0;  // packed copies held (quantized: the stored bytes, no copies)
   std::vector<ExpertKernelTiming> timings;
   std::string to_json() const;
   std::string to_table() const;

@@ -77,6 +77,49 @@ PackLayout pack_layout(const gemm::Microkernel& uk, int64_t N, int64_t K, PackUs
   return l;
 }
 
+// The panel at C column j reads `valid` consecutive lines of B (columns
+// before any regrouping) from `first`.
+struct PanelLines {
+  int64_t first = 0, valid = 0;
+};
+PanelLines panel_lines(const PackLayout& l, int64_t nr, int64_t j) {
+  if (!l.regroup) return {j, std::min(nr, l.Nb - j)};
+  const GluBlocks& blocks = l.blocks;
+  const int64_t b = j / blocks.nc, local = j % blocks.nc, wp = blocks.padded(b);
+  const bool up = local >= wp;
+  const int64_t c = local - (up ? wp : 0);
+  return {(up ? blocks.F : 0) + b * blocks.h + c, std::min(nr, blocks.width(b) - c)};
+}
+
+// A group's quantized weight as the GEMM's B source: each panel's lines
+// decoded to f32 (the dequantized weight) in a per-thread buffer, then
+// packed as pack() packs an f32 weight. Forward: a line is a weight row, k
+// along it; dx: lines are weight columns, k runs down the rows.
+struct QuantPanels {
+  const gemm::Microkernel* uk = nullptr;
+  const PackLayout* l = nullptr;
+  const QuantMatrix* q = nullptr;
+};
+
+void pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, int64_t kc,
+                      void* dst) {
+  const QuantPanels& c = *static_cast<const QuantPanels*>(ctx);
+  constexpr int64_t kCap = 64 * gemm::kKc;
+  alignas(64) thread_local float lines[kCap];
+  TIERMOE_ASSERT(c.uk->nr * kc <= kCap, "a panel's lines fit the decode buffer");
+  const auto [first, valid] = panel_lines(*c.l, c.uk->nr, j);
+  const int64_t kk = std::min(kc, c.l->Kb - k0);  // k in this step, the rest zero padding
+  gemm::Mat src{lines, 0, 0, DType::f32};
+  if (c.l->rs == 1) {  // forward: B(k, x) = w[first + x, k]
+    for (int64_t x = 0; x < valid; ++x) dequantize_row(*c.q, first + x, k0, kk, lines + x * kc);
+    src.rs = 1, src.cs = kc;
+  } else {  // dx: B(k, x) = w[k, first + x]
+    for (int64_t k = 0; k < kk; ++k) dequantize_row(*c.q, k0 + k, first, valid, lines + k * valid);
+    src.rs = valid, src.cs = 1;
+  }
+  gemm::pack_b(*c.uk, src, 0, valid, 0, kc, kk, dst);
+}
+
 // The buffer of G groups' panels: whole bf16 elements, at least one.
 Shape storage_shape(int64_t G, const PackLayout& l) {
   return {std::max<int64_t>(1, ceil_div(G * l.group_bytes(), 2))};
@@ -126,35 +169,22 @@ void PackedWeights::pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu 
   TIERMOE_CHECK(use != PackUse::forward_glu || N % 2 == 0,
                 str_of(op, ": a GLU weight needs an even output count, got ", N), op,
                 "W13 stacks gate and up rows: [G, 2F, D]");
-  const CpuIsa isa = cpu_isa();
-  const gemm::Microkernel& uk = kernel_for(isa, dt, op);
+  const gemm::Microkernel& uk = kernel_for(cpu_isa(), dt, op);
   const PackLayout l = pack_layout(uk, N, K, use, glu);
   const Shape shape = storage_shape(G, l);
   if (!storage_.defined() || storage_.numel() < shape[0]) {
     storage_ = Tensor::empty(shape, DType::bf16, MemTag::weights);
   }
   sources_ = std::move(w_G_NK);
-  dtype_ = dt;
-  isa_ = isa;
-  use_ = use;
-  glu_ = glu;
-  G_ = G, N_ = N, K_ = K, packed_cols_ = l.cols, group_bytes_ = l.group_bytes();
+  quant_.clear();
+  set_shape(G, N, K, dt, use, glu);
   char* dst = static_cast<char*>(storage_.raw());
   auto pack_panel = [&](int64_t t, int64_t k0, int64_t kc) {
     const int64_t g = t / l.panels, p = t % l.panels, j = p * uk.nr;
     const Tensor& w_NK = sources_[size_t(g)];
     const size_t es = dtype_size(w_NK.dtype());
     const char* w = static_cast<const char*>(w_NK.raw());
-    // Panel p's source columns: contiguous, `valid` of them from `first`.
-    int64_t first = j, valid = std::min<int64_t>(uk.nr, l.Nb - j);
-    if (l.regroup) {
-      const GluBlocks& blocks = l.blocks;
-      const int64_t b = j / blocks.nc, local = j % blocks.nc, wp = blocks.padded(b);
-      const bool up = local >= wp;
-      const int64_t c = local - (up ? wp : 0);
-      first = (up ? blocks.F : 0) + b * blocks.h + c;
-      valid = std::min<int64_t>(uk.nr, blocks.width(b) - c);
-    }
+    const auto [first, valid] = panel_lines(l, uk.nr, j);
     const gemm::Mat src{w + size_t(first * l.cs) * es, l.rs, l.cs, w_NK.dtype()};
     gemm::pack_b(uk, src, 0, valid, k0, kc, l.Kb,
                  dst + g * l.group_bytes() + p * l.panel_bytes + gemm::b_panel_bytes(uk, k0));
@@ -178,7 +208,42 @@ void PackedWeights::pack(std::vector<Tensor> w_G_NK, DType dt, PackUse use, Glu 
   });
 }
 
+void PackedWeights::bind_quantized(std::vector<QuantMatrix> w_G_NK, DType dt, PackUse use,
+                                   Glu glu) {
+  const char* op = "PackedWeights::bind_quantized";
+  TIERMOE_CHECK(!w_G_NK.empty() && (dt == DType::f32 || dt == DType::bf16),
+                str_of(op, ": needs at least one weight and products in f32 or bf16, got ",
+                       w_G_NK.size(), " weights in ", dtype_name(dt)),
+                op, "pass one [N, K] matrix per group");
+  const int64_t G = int64_t(w_G_NK.size()), N = w_G_NK[0].rows, K = w_G_NK[0].cols;
+  for (int64_t g = 0; g < G; ++g) {
+    const QuantMatrix& q = w_G_NK[size_t(g)];
+    check_quant_matrix(q, str_of(op, ": weight ", g));
+    TIERMOE_CHECK(q.rows == N && q.cols == K,
+                  str_of(op, ": weight ", g, " is [", q.rows, ", ", q.cols, "], weight 0 [", N,
+                         ", ", K, "]"),
+                  op, "every group's weight has the first one's shape");
+  }
+  TIERMOE_CHECK(use != PackUse::forward_glu || N % 2 == 0,
+                str_of(op, ": a GLU weight needs an even output count, got ", N), op,
+                "W13 stacks gate and up rows: [G, 2F, D]");
+  storage_ = Tensor();
+  sources_.assign(size_t(G), Tensor());
+  quant_ = std::move(w_G_NK);
+  set_shape(G, N, K, dt, use, glu);
+}
+
+void PackedWeights::set_shape(int64_t G, int64_t N, int64_t K, DType dt, PackUse use, Glu glu) {
+  const PackLayout l = pack_layout(kernel_for(cpu_isa(), dt, "PackedWeights"), N, K, use, glu);
+  dtype_ = dt;
+  isa_ = cpu_isa();
+  use_ = use;
+  glu_ = glu;
+  G_ = G, N_ = N, K_ = K, packed_cols_ = l.cols, group_bytes_ = l.group_bytes();
+}
+
 const void* PackedWeights::group_data(int64_t g) const {
+  if (!storage_.defined()) return nullptr;
   return static_cast<const char*>(storage_.raw()) + g * group_bytes_;
 }
 
@@ -200,7 +265,12 @@ void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor
                const std::vector<int64_t>& offset_G, std::span<const uint8_t> skip_G,
                const Call& call,
                void (*fn)(const void*, int64_t, int64_t, int64_t, int64_t, const float*, int64_t)) {
-  const int64_t G = w.groups(), mc = gemm::block_rows(uk);
+  // Quantized weights are expanded per panel for each block of rows that
+  // reads it: tall blocks, so that is about once per call.
+  const bool quant = w.quantized();
+  const int64_t G = w.groups(), mc = quant ? gemm::tall_rows(uk) : gemm::block_rows(uk);
+  const PackLayout layout =
+      quant ? pack_layout(uk, w.out_features(), w.in_features(), w.use(), w.glu()) : PackLayout{};
   const int64_t Kb = w.use() == PackUse::backward_dx ? w.out_features() : w.in_features();
   const int64_t I = x_NI.size(1);
   auto rows_of = [&](int64_t g) {
@@ -231,12 +301,15 @@ void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor
       const int64_t row0 = offset_G[size_t(g)], M = rows_of(g);
       const char* a =
           static_cast<const char*>(x_NI.raw()) + size_t(row0 * I) * dtype_size(x_NI.dtype());
+      const QuantPanels panels{&uk, &layout, quant ? &w.quant_source(g) : nullptr};
+      const gemm::BSource source{pack_quant_panel, &panels};
       const gemm::Problem p{.M = M,
                             .N = w.packed_cols(),
                             .K = Kb,
                             .a = {a, I, 1, x_NI.dtype()},
                             .b = {},
-                            .b_packed = w.group_data(g)};
+                            .b_packed = w.group_data(g),
+                            .b_source = quant ? &source : nullptr};
       const Item item{&call, row0, g};
       const int64_t i0 = mb * mc, j0 = nb * chunk;
       gemm::run_block(uk, p, {fn, &item}, i0, std::min(mc, M - i0), j0,

@@ -18,6 +18,7 @@ bool runs(const std::vector<int64_t>& offset_G, std::span<const uint8_t> skip_G,
 }
 
 Tensor weight_of(const PackedWeights& w, int64_t g) {
+  if (w.quantized()) return dequantize(w.quant_source(g), w.dtype());
   const Tensor& w_NK = w.source(g);
   return w_NK.dtype() == w.dtype() ? w_NK : w_NK.to(w.dtype());
 }

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <new>
 
+#include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
 
 namespace tiermoe::cpu::gemm {
@@ -110,7 +111,12 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
               b_next = prepacked_panel(jg, k0 + kKc);
             }
           } else {
-            pack_b(uk, p.b, j, std::min(nr, jb + bcols - j), k0, kc, p.K, b_pack + jp * b_bytes);
+            const int64_t n = std::min(nr, jb + bcols - j);
+            if (p.b_source) {
+              p.b_source->pack(p.b_source->ctx, j, n, k0, kc, b_pack + jp * b_bytes);
+            } else {
+              pack_b(uk, p.b, j, n, k0, kc, p.K, b_pack + jp * b_bytes);
+            }
             b_panel = b_pack + jp * b_bytes;
           }
           // The B panel stays in L1 while the block's A panels stream past
@@ -182,6 +188,7 @@ int64_t block_cols(const Microkernel& uk) { return round_up(256, uk.nr); }
 Epilogue store_epilogue(const StoreC& s) { return Epilogue{store_block, &s}; }
 
 void run(const Microkernel& uk, const Problem& p, const Epilogue& ep) {
+  TIERMOE_ASSERT(!p.b_source, "run() packs B from p.b; a BSource's products call run_block");
   if (p.M == 0 || p.N == 0) return;
   const int64_t mc = block_rows(uk);
   // With more than one block of rows, each block would pack the same B

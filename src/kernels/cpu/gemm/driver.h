@@ -10,12 +10,23 @@
 
 namespace tiermoe::cpu::gemm {
 
-// C_MN = A_MK . B_KN. B comes as stored (packed per block on the fly), or
-// prepacked: all of it in uk's layout by pack_b_all() (`b_packed`).
+// B's panels written by the caller, on the fly (weights stored quantized):
+// pack(ctx, j0, cols, k0, kc, dst) writes what pack_b(uk, b, j0, cols, k0,
+// kc, K, dst) would write for the B it stands for.
+struct BSource {
+  void (*pack)(const void* ctx, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+               void* dst) = nullptr;
+  const void* ctx = nullptr;
+};
+
+// C_MN = A_MK . B_KN. B comes as stored (packed per block on the fly), from
+// a BSource (the same, by the caller), or prepacked: all of it in uk's
+// layout by pack_b_all() (`b_packed`).
 struct Problem {
   int64_t M = 0, N = 0, K = 0;
   Mat a, b;
   const void* b_packed = nullptr;
+  const BSource* b_source = nullptr;
 };
 
 // Receives each block of C once, finished: rows [i0, i0 + rows), columns

@@ -1,0 +1,93 @@
+#pragma once
+// Frozen matrices kept at the width a checkpoint ships them in: a matrix
+// W [rows, cols] (nn.Linear's [out, in]; cols is the products' K in the
+// forward) stored as small codes and scales along its rows, never widened
+// as a whole. The GEMM expands them panel by panel while packing its weight
+// operand (kernels/grouped_matmul.h), so only the stored bytes stay
+// resident. Formats (the layouts of the files they come from, unchanged):
+//
+//   int4   compressed-tensors pack-quantized, symmetric: a code q in [-8, 7]
+//          is the nibble q + 8; element 2i of a row in the low nibble of
+//          byte i, 2i + 1 in the high one (the int32 words' little-endian
+//          bytes); each row's bytes padded to whole words (8 elements).
+//          W = q * scale[row, col / group], scales kept as f32 (bf16 and f16
+//          scales widen exactly).
+//   int8   one signed byte per element; W = q * scale[row, col / group].
+//   mxfp4  gpt-oss's E2M1 codes, the nibble order of int4, a block of 32
+//          per E8M0 exponent: W = e2m1[code] * 2^(scale - 127).
+//   fp8    float8_e4m3fn bytes, one f32 multiplier per 128 x 128 block
+//          (DeepSeek's weight_scale_inv): W = fp8(code) * scale[row / 128,
+//          col / 128], partial edge blocks using their block's scale.
+//
+// Every value decodes to f32 exactly except where q * scale itself rounds
+// (an f32 scale with more than 16 significant bits times an int8 code); the
+// products then round it to their dtype the way any f32 weight is rounded,
+// so a quantized product equals the same product over dequantize(w, dt),
+// bit for bit (tests/kernels/test_quant.cpp).
+#include <cstdint>
+#include <memory>
+#include <string_view>
+
+#include "tiermoe/core/tensor.h"
+
+namespace tiermoe {
+
+enum class QuantFormat : uint8_t { int4, int8, mxfp4, fp8 };
+
+std::string_view quant_format_name(QuantFormat f);  // "int4", "int8", "mxfp4", "fp8"
+// Parses a format name; throws naming `where` otherwise.
+QuantFormat parse_quant_format(std::string_view s, std::string_view where);
+// Bits per stored code.
+int quant_code_bits(QuantFormat f);
+
+struct QuantMatrix {
+  QuantFormat format = QuantFormat::int4;
+  int64_t rows = 0, cols = 0;
+  // Columns per scale (int4/int8: the checkpoint's group size, or cols for
+  // a per-channel scale; mxfp4 32; fp8 128, and 128 rows).
+  int64_t group = 0;
+  const uint8_t* codes = nullptr;
+  int64_t code_stride = 0;  // bytes from one row's codes to the next
+  // f32 (int4, int8, fp8) or E8M0 bytes (mxfp4), scale_stride per row of
+  // scales (a row of blocks for fp8).
+  const void* scales = nullptr;
+  int64_t scale_stride = 0;
+  // Keeps the codes and scales alive: an owned buffer or a mapped file.
+  std::shared_ptr<const void> owner;
+
+  bool defined() const { return codes != nullptr; }
+  // Scales along a row (and, for fp8, rows of them).
+  int64_t scale_cols() const { return (cols + group - 1) / group; }
+  int64_t scale_rows() const { return format == QuantFormat::fp8 ? (rows + 127) / 128 : rows; }
+  // The bytes codes and scales take (what stays resident).
+  int64_t bytes() const;
+  // Expert e's matrix of a stack stored [E, rows, cols] with codes and
+  // scales contiguous per matrix: a view sharing the owner.
+  QuantMatrix slice(int64_t e, int64_t code_bytes_per_matrix, int64_t scales_per_matrix) const;
+};
+
+// A matrix's bytes for rows x cols in `format` with `group` (memory plans).
+int64_t quant_bytes(QuantFormat format, int64_t rows, int64_t cols, int64_t group);
+
+// Decodes row `row`'s columns [c0, c0 + n) to f32 (the kernels' expansion;
+// vectorized where the format allows).
+void dequantize_row(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, float* out);
+
+// The oracle: the whole matrix decoded element by element from the format's
+// definition, in f32 or f64 (exact), or bf16 (each f32 value rounded to
+// nearest even, as the bf16 products round a weight while packing it).
+Tensor dequantize(const QuantMatrix& q, DType dt, MemTag tag = MemTag::activations);
+
+// Quantizes w_NK (any dtype) symmetrically per group of `group` columns to
+// int4 or int8, the rule compressed-tensors applies: scale = max|w| over the
+// group / 7.5 (int4) or / 127.5 (int8), rounded to bf16 (the scale the
+// checkpoint stores), then q = clamp(round_half_even(w / scale), qmin, qmax).
+// An all-zero group gets the smallest positive bf16 scale. Owns its bytes.
+QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group,
+                         MemTag tag = MemTag::weights);
+
+// Checks a matrix's fields against its format (group, strides, pointers);
+// throws naming `what` with the first that is wrong.
+void check_quant_matrix(const QuantMatrix& q, std::string_view what);
+
+}  // namespace tiermoe

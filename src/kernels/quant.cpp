@@ -1,0 +1,260 @@
+// Stored low-bit matrices (kernels/quant.h): the format's definition as an
+// element-by-element oracle, the row decoder the GEMM's packing calls, and
+// the symmetric integer quantizer.
+#include "tiermoe/kernels/quant.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "tiermoe/core/error.h"
+#include "tiermoe/core/parallel.h"
+
+namespace tiermoe {
+
+using detail::str_of;
+
+namespace {
+
+constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
+// infinities, S.1111.111 is NaN, subnormals at exponent 0.
+float fp8_e4m3_value(uint8_t b) {
+  const int e = (b >> 3) & 15, m = b & 7;
+  const float sign = (b & 0x80) ? -1.f : 1.f;
+  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 0) return sign * std::ldexp(float(m) / 8.f, -6);
+  return sign * std::ldexp(1.f + float(m) / 8.f, e - 7);
+}
+
+const std::array<float, 256>& fp8_table() {
+  static const std::array<float, 256> t = [] {
+    std::array<float, 256> v{};
+    for (int b = 0; b < 256; ++b) v[size_t(b)] = fp8_e4m3_value(uint8_t(b));
+    return v;
+  }();
+  return t;
+}
+
+// The code (before scaling) of element `col` in a row's codes.
+float code_value(QuantFormat f, const uint8_t* row_codes, int64_t col) {
+  switch (f) {
+    case QuantFormat::int4: {
+      const uint8_t byte = row_codes[col / 2];
+      return float(int((col & 1) ? byte >> 4 : byte & 15) - 8);
+    }
+    case QuantFormat::int8:
+      return float(int8_t(row_codes[col]));
+    case QuantFormat::mxfp4: {
+      const uint8_t byte = row_codes[col / 2];
+      return kE2m1[(col & 1) ? byte >> 4 : byte & 15];
+    }
+    case QuantFormat::fp8:
+      return fp8_table()[row_codes[col]];
+  }
+  __builtin_unreachable();
+}
+
+// Element (r, c) as the format defines it, in f32.
+float element(const QuantMatrix& q, int64_t r, int64_t c) {
+  const float code = code_value(q.format, q.codes + r * q.code_stride, c);
+  const int64_t s = c / q.group;
+  switch (q.format) {
+    case QuantFormat::int4:
+    case QuantFormat::int8:
+      return code * static_cast<const float*>(q.scales)[r * q.scale_stride + s];
+    case QuantFormat::mxfp4:
+      return std::ldexp(code, int(static_cast<const uint8_t*>(q.scales)[r * q.scale_stride + s]) - 127);
+    case QuantFormat::fp8:
+      return code * static_cast<const float*>(q.scales)[(r / 128) * q.scale_stride + s];
+  }
+  __builtin_unreachable();
+}
+
+int64_t code_row_bytes(QuantFormat f, int64_t cols) {
+  switch (f) {
+    case QuantFormat::int4: return (cols + 7) / 8 * 4;  // whole int32 words
+    case QuantFormat::mxfp4: return (cols + 1) / 2;
+    case QuantFormat::int8:
+    case QuantFormat::fp8: return cols;
+  }
+  __builtin_unreachable();
+}
+
+int64_t scale_bytes(QuantFormat f) { return f == QuantFormat::mxfp4 ? 1 : 4; }
+
+}  // namespace
+
+std::string_view quant_format_name(QuantFormat f) {
+  switch (f) {
+    case QuantFormat::int4: return "int4";
+    case QuantFormat::int8: return "int8";
+    case QuantFormat::mxfp4: return "mxfp4";
+    case QuantFormat::fp8: return "fp8";
+  }
+  __builtin_unreachable();
+}
+
+QuantFormat parse_quant_format(std::string_view s, std::string_view where) {
+  for (QuantFormat f : {QuantFormat::int4, QuantFormat::int8, QuantFormat::mxfp4, QuantFormat::fp8}) {
+    if (s == quant_format_name(f)) return f;
+  }
+  throw Error(str_of("unknown quantized format '", s, "'"), std::string(where),
+              "use int4, int8, mxfp4 or fp8");
+}
+
+int quant_code_bits(QuantFormat f) {
+  return f == QuantFormat::int4 || f == QuantFormat::mxfp4 ? 4 : 8;
+}
+
+int64_t quant_bytes(QuantFormat format, int64_t rows, int64_t cols, int64_t group) {
+  const int64_t scale_rows = format == QuantFormat::fp8 ? (rows + 127) / 128 : rows;
+  return rows * code_row_bytes(format, cols) +
+         scale_rows * ((cols + group - 1) / group) * scale_bytes(format);
+}
+
+int64_t QuantMatrix::bytes() const { return quant_bytes(format, rows, cols, group); }
+
+QuantMatrix QuantMatrix::slice(int64_t e, int64_t code_bytes_per_matrix,
+                               int64_t scales_per_matrix) const {
+  QuantMatrix m = *this;
+  m.codes = codes + e * code_bytes_per_matrix;
+  m.scales = static_cast<const char*>(scales) + e * scales_per_matrix * scale_bytes(format);
+  return m;
+}
+
+void check_quant_matrix(const QuantMatrix& q, std::string_view what) {
+  const std::string name(what);
+  const std::string fmt(quant_format_name(q.format));
+  TIERMOE_CHECK(q.codes && q.scales && q.rows > 0 && q.cols > 0,
+                str_of("the ", fmt, " matrix has no codes, scales or shape"), name,
+                "bind a matrix read from a checkpoint or made by quantize_int");
+  const int64_t want_group = q.format == QuantFormat::mxfp4 ? 32
+                             : q.format == QuantFormat::fp8 ? 128
+                                                            : q.group;
+  TIERMOE_CHECK(q.group > 0 && q.group == want_group,
+                str_of("the ", fmt, " matrix has ", q.group, " columns per scale",
+                       q.group != want_group ? str_of(", the format has ", want_group) : ""),
+                name, "int4/int8 groups are positive; mxfp4 blocks are 32, fp8 blocks 128");
+  TIERMOE_CHECK(q.code_stride >= code_row_bytes(q.format, q.cols) && q.scale_stride >= q.scale_cols(),
+                str_of("the ", fmt, " matrix [", q.rows, ", ", q.cols, "] has rows of ",
+                       q.code_stride, " code bytes and ", q.scale_stride, " scales; it needs ",
+                       code_row_bytes(q.format, q.cols), " and ", q.scale_cols()),
+                name, "check the codes' and scales' shapes against the matrix's");
+}
+
+void dequantize_row(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, float* out) {
+  const uint8_t* codes = q.codes + row * q.code_stride;
+  switch (q.format) {
+    case QuantFormat::int4:
+    case QuantFormat::int8: {
+      const float* scales = static_cast<const float*>(q.scales) + row * q.scale_stride;
+      const bool nibbles = q.format == QuantFormat::int4;
+      for (int64_t c = c0; c < c0 + n;) {
+        // One group's run at a time: a single scale, a loop that vectorizes.
+        const int64_t end = std::min(c0 + n, (c / q.group + 1) * q.group);
+        const float s = scales[c / q.group];
+        float* o = out + (c - c0);
+        if (nibbles) {
+          int64_t i = c;
+          if (i & 1) *o++ = float(int(codes[i / 2] >> 4) - 8) * s, ++i;
+          const uint8_t* b = codes + i / 2;
+          const int64_t pairs = (end - i) / 2;
+          for (int64_t p = 0; p < pairs; ++p) {
+            o[2 * p] = float(int(b[p] & 15) - 8) * s;
+            o[2 * p + 1] = float(int(b[p] >> 4) - 8) * s;
+          }
+          if ((end - i) & 1) o[2 * pairs] = float(int(b[pairs] & 15) - 8) * s;
+        } else {
+          const int8_t* b = reinterpret_cast<const int8_t*>(codes) + c;
+          for (int64_t i = 0; i < end - c; ++i) o[i] = float(b[i]) * s;
+        }
+        c = end;
+      }
+      return;
+    }
+    case QuantFormat::mxfp4:
+    case QuantFormat::fp8:
+      for (int64_t c = c0; c < c0 + n; ++c) out[c - c0] = element(q, row, c);
+      return;
+  }
+}
+
+Tensor dequantize(const QuantMatrix& q, DType dt, MemTag tag) {
+  check_quant_matrix(q, "dequantize");
+  Tensor out = Tensor::empty({q.rows, q.cols}, dt, tag);
+  visit_dtype(dt, [&]<class T>() {
+    T* dst = out.data<T>();
+    parallel_for(q.rows, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t c = 0; c < q.cols; ++c) {
+          const float v = element(q, r, c);
+          if constexpr (std::is_same_v<T, bf16>) dst[r * q.cols + c] = float_to_bf16(v);
+          else dst[r * q.cols + c] = T(v);
+        }
+      }
+    });
+  });
+  return out;
+}
+
+QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group, MemTag tag) {
+  TIERMOE_CHECK(format == QuantFormat::int4 || format == QuantFormat::int8,
+                str_of("quantize_int makes int4 or int8, not ", quant_format_name(format)),
+                "quantize_int", "mxfp4 and fp8 are read from checkpoints as shipped");
+  TIERMOE_CHECK(w_NK.defined() && w_NK.dim() == 2 && group > 0,
+                str_of("quantize_int needs a 2-D weight and a positive group, got ",
+                       w_NK.defined() ? w_NK.str() : std::string("undefined"), " and group ", group),
+                "quantize_int", "pass one [out, in] matrix");
+  const int64_t N = w_NK.size(0), K = w_NK.size(1);
+  const bool int4 = format == QuantFormat::int4;
+  const int qmin = int4 ? -8 : -128, qmax = int4 ? 7 : 127;
+  const float half_range = float(qmax - qmin) / 2.f;
+  QuantMatrix q;
+  q.format = format;
+  q.rows = N, q.cols = K, q.group = group;
+  q.code_stride = code_row_bytes(format, K);
+  q.scale_stride = q.scale_cols();
+  // Tracked storage for raw bytes: f32 tensors of enough elements.
+  struct Owned {
+    Tensor codes, scales;
+  };
+  auto owned = std::make_shared<Owned>();
+  owned->codes = Tensor::zeros({(N * q.code_stride + 3) / 4}, DType::f32, tag);
+  owned->scales = Tensor::empty({N * q.scale_stride}, DType::f32, tag);
+  uint8_t* codes = static_cast<uint8_t*>(owned->codes.raw());
+  float* scales = owned->scales.data<float>();
+  const Tensor w = w_NK.dtype() == DType::f64 ? w_NK : w_NK.to(DType::f64);
+  const double* src = w.data<double>();
+  parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t g = 0; g < q.scale_stride; ++g) {
+        const int64_t c0 = g * group, c1 = std::min(K, c0 + group);
+        double amax = 0;
+        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(src[r * K + c]));
+        float s = bf16_to_float(float_to_bf16(float(amax / half_range)));
+        if (s == 0.f) s = bf16_to_float(bf16{1});  // the smallest positive bf16
+        scales[r * q.scale_stride + g] = s;
+        for (int64_t c = c0; c < c1; ++c) {
+          const int v = std::clamp(int(std::nearbyint(float(src[r * K + c]) / s)), qmin, qmax);
+          uint8_t* row = codes + r * q.code_stride;
+          if (int4) {
+            row[c / 2] |= uint8_t((v + 8) << ((c & 1) * 4));
+          } else {
+            row[c] = uint8_t(int8_t(v));
+          }
+        }
+      }
+    }
+  });
+  q.codes = codes;
+  q.scales = scales;
+  q.owner = owned;
+  return q;
+}
+
+}  // namespace tiermoe
