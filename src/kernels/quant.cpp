@@ -26,7 +26,7 @@ constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
 float fp8_e4m3_value(uint8_t b) {
   const int e = (b >> 3) & 15, m = b & 7;
   const float sign = (b & 0x80) ? -1.f : 1.f;
-  if (e == 15 && m == 7) return std::numeric_limits<float>::quiet_NaN();
+  if (e == 15 && m == 7) return std::copysign(std::numeric_limits<float>::quiet_NaN(), sign);
   if (e == 0) return sign * std::ldexp(float(m) / 8.f, -6);
   return sign * std::ldexp(1.f + float(m) / 8.f, e - 7);
 }

@@ -146,6 +146,38 @@ TEST(Quant, RowDecodeEqualsOracle) {
   }
 }
 
+// The bf16 decoder (vector paths) equals the oracle rounded, bit for bit,
+// over every code: NaN codes and all E8M0 exponents included.
+TEST(Quant, Bf16RowDecodeEqualsOracle) {
+  Rng rng(13);
+  for (QuantFormat f : {QuantFormat::int4, QuantFormat::int8, QuantFormat::mxfp4, QuantFormat::fp8}) {
+    QuantMatrix q = random_quant(f, 131, 300, rng);
+    auto o = std::make_shared<Owned>();
+    if (f == QuantFormat::fp8 || f == QuantFormat::mxfp4) {
+      // Every byte value, NaN codes included, and every exponent.
+      const bool mx = f == QuantFormat::mxfp4;
+      o->codes.resize(size_t(131 * q.code_stride));
+      for (size_t i = 0; i < o->codes.size(); ++i) o->codes[i] = uint8_t(i * 7);
+      o->scales.assign(size_t(q.scale_rows() * q.scale_stride), 0.75f);
+      o->scale_bytes.resize(size_t(131 * q.scale_stride));
+      for (size_t i = 0; i < o->scale_bytes.size(); ++i) o->scale_bytes[i] = uint8_t(i * 3);
+      q = over(o, f, 131, 300, mx ? 32 : 128, q.code_stride, q.scale_stride);
+    }
+    const Tensor want = dequantize(q, DType::bf16);
+    std::vector<bf16> got(300);
+    for (int trial = 0; trial < 300; ++trial) {
+      const int64_t r = int64_t(rng.below(131)), c0 = trial < 131 ? 0 : int64_t(rng.below(300));
+      const int64_t n = trial < 131 ? 300 : 1 + int64_t(rng.below(uint64_t(300 - c0)));
+      const int64_t row = trial < 131 ? trial : r;
+      dequantize_row_bf16(q, row, c0, n, got.data());
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(got[size_t(i)].bits, want.data<bf16>()[row * 300 + c0 + i].bits)
+            << quant_format_name(f) << " row " << row << " col " << c0 + i;
+      }
+    }
+  }
+}
+
 TEST(Quant, IntQuantizerBounds) {
   Rng rng(11);
   const Tensor w = random_tensor({9, 70}, DType::f32, rng, 2.0);  // a partial last group
@@ -227,7 +259,9 @@ INSTANTIATE_TEST_SUITE_P(Isa, QuantGrouped, ::testing::ValuesIn(all_cases()), ca
 // Rows per group: none, one, around a tile, past a block of rows, and past
 // a tall block (gemm::tall_rows), where a panel is expanded again.
 const std::vector<int64_t> kRows = {0, 1, 17, 130, 1100};
-constexpr int64_t kD = 70, kF = 150;
+// D = 270 and 2F = 300 take two steps of K (256) and, as dx's columns, two
+// blocks of them; neither is a multiple of a scale group.
+constexpr int64_t kD = 270, kF = 150;
 
 TEST_P(QuantGrouped, EqualsTheDequantizedProductsBitwise) {
   const DType dt = GetParam().dtype;

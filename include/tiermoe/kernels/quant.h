@@ -73,6 +73,10 @@ int64_t quant_bytes(QuantFormat format, int64_t rows, int64_t cols, int64_t grou
 // vectorized where the format allows).
 void dequantize_row(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, float* out);
 
+// The same rounded to bf16 (float_to_bf16 of each value): what the bf16
+// products' packing reads (kernels/cpu/quant_decode.cpp, AVX2).
+void dequantize_row_bf16(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, bf16* out);
+
 // The oracle: the whole matrix decoded element by element from the format's
 // definition, in f32 or f64 (exact), or bf16 (each f32 value rounded to
 // nearest even, as the bf16 products round a weight while packing it).

@@ -5,6 +5,7 @@
 #include "tiermoe/kernels/grouped_matmul.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "../grouped_check.h"
@@ -99,24 +100,90 @@ struct QuantPanels {
   const gemm::Microkernel* uk = nullptr;
   const PackLayout* l = nullptr;
   const QuantMatrix* q = nullptr;
+  uint64_t call = 0;  // which product: a thread's decoded block serves only its own
 };
+
+uint64_t next_quant_call() {
+  static std::atomic<uint64_t> calls{0};
+  return calls.fetch_add(1, std::memory_order_relaxed) + 1;
+}
+
+// PREFETCHT0 of a row's codes [c0, c0 + n).
+void prefetch_codes(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n) {
+  const int64_t bits = quant_code_bits(q.format);
+  const char* p = reinterpret_cast<const char*>(q.codes + row * q.code_stride);
+  const int64_t b0 = c0 * bits / 8 / 64 * 64, b1 = (c0 + n) * bits / 8;
+  for (int64_t b = b0; b < b1; b += 64) __builtin_prefetch(p + b, 0, 3);
+}
+
+// The codes come from memory in short runs per row (a panel's stretch of
+// K in the forward, of its columns in dx), too short for the hardware
+// prefetchers to follow, so each panel prefetches what the driver reads
+// next: the forward the next panel's rows over this step of K (the driver
+// goes through a block's panels at each k step), dx the next step of K's
+// rows for the whole block of columns, once per block.
+void prefetch_next_codes(const QuantPanels& c, int64_t j, int64_t k0, int64_t kc) {
+  const PackLayout& l = *c.l;
+  const int64_t nr = c.uk->nr;
+  if (l.rs == 1) {
+    if (j + nr >= l.cols) return;
+    const auto [first, valid] = panel_lines(l, nr, j + nr);
+    for (int64_t x = 0; x < valid; ++x) prefetch_codes(*c.q, first + x, k0, std::min(kc, l.Kb - k0));
+    return;
+  }
+  const int64_t nc = gemm::block_cols(*c.uk);
+  if (j % nc != 0 || k0 + kc >= l.Kb) return;
+  const int64_t n = std::min(nc, l.Nb - j);
+  for (int64_t k = k0 + kc; k < std::min(l.Kb, k0 + 2 * kc); ++k) prefetch_codes(*c.q, k, j, n);
+}
 
 void pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, int64_t kc,
                       void* dst) {
   const QuantPanels& c = *static_cast<const QuantPanels*>(ctx);
-  constexpr int64_t kCap = 64 * gemm::kKc;
-  alignas(64) thread_local float lines[kCap];
-  TIERMOE_ASSERT(c.uk->nr * kc <= kCap, "a panel's lines fit the decode buffer");
-  const auto [first, valid] = panel_lines(*c.l, c.uk->nr, j);
+  const int64_t nr = c.uk->nr, nc = gemm::block_cols(*c.uk);
+  const auto [first, valid] = panel_lines(*c.l, nr, j);
   const int64_t kk = std::min(kc, c.l->Kb - k0);  // k in this step, the rest zero padding
-  gemm::Mat src{lines, 0, 0, DType::f32};
-  if (c.l->rs == 1) {  // forward: B(k, x) = w[first + x, k]
-    for (int64_t x = 0; x < valid; ++x) dequantize_row(*c.q, first + x, k0, kk, lines + x * kc);
-    src.rs = 1, src.cs = kc;
-  } else {  // dx: B(k, x) = w[k, first + x]
-    for (int64_t k = 0; k < kk; ++k) dequantize_row(*c.q, k0 + k, first, valid, lines + k * valid);
-    src.rs = valid, src.cs = 1;
+  // bf16 layouts read the values rounded as their packing rounds an f32
+  // weight; f32 layouts the values themselves.
+  const bool f32 = c.uk->b == gemm::BPack::f32;
+  const size_t es = f32 ? 4 : 2;
+  auto decode = [&](int64_t row, int64_t c0, int64_t n, void* out) {
+    if (f32) dequantize_row(*c.q, row, c0, n, static_cast<float*>(out));
+    else dequantize_row_bf16(*c.q, row, c0, n, static_cast<bf16*>(out));
+  };
+  prefetch_next_codes(c, j, k0, kc);
+  if (c.l->rs == 1) {  // forward: B(k, x) = w[first + x, k], a panel's rows decoded
+    constexpr int64_t kCap = 64 * gemm::kKc;
+    alignas(64) thread_local float lines[kCap];
+    TIERMOE_ASSERT(nr * kc <= kCap, "a panel's lines fit the decode buffer");
+    for (int64_t x = 0; x < valid; ++x) {
+      decode(first + x, k0, kk, reinterpret_cast<char*>(lines) + size_t(x * kc) * es);
+    }
+    const gemm::Mat src{lines, 1, kc, f32 ? DType::f32 : DType::bf16};
+    gemm::pack_b(*c.uk, src, 0, valid, 0, kc, kk, dst);
+    return;
   }
+  // dx: B(k, x) = w[k, first + x]. A panel spans a short run of each weight
+  // row, so the block of columns it belongs to is decoded whole on its first
+  // panel, row run by row run (a scale's table serves the whole run), and
+  // its other panels pack from that.
+  struct Block {
+    uint64_t call = 0;
+    const uint8_t* codes = nullptr;
+    int64_t k0 = -1, j0 = -1;
+    std::vector<char> values;  // [kk][nc]
+  };
+  thread_local Block block;
+  const int64_t j0 = j / nc * nc, width = std::min(nc, c.l->Nb - j0);
+  if (block.call != c.call || block.codes != c.q->codes || block.k0 != k0 || block.j0 != j0) {
+    block.values.resize(size_t(gemm::kKc * nc) * 4);  // grows once per thread
+    for (int64_t k = 0; k < kk; ++k) {
+      decode(k0 + k, j0, width, block.values.data() + size_t(k * nc) * es);
+    }
+    block.call = c.call, block.codes = c.q->codes, block.k0 = k0, block.j0 = j0;
+  }
+  const gemm::Mat src{block.values.data() + size_t(first - j0) * es, nc, 1,
+                      f32 ? DType::f32 : DType::bf16};
   gemm::pack_b(*c.uk, src, 0, valid, 0, kc, kk, dst);
 }
 
@@ -271,6 +338,7 @@ void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor
   const int64_t G = w.groups(), mc = quant ? gemm::tall_rows(uk) : gemm::block_rows(uk);
   const PackLayout layout =
       quant ? pack_layout(uk, w.out_features(), w.in_features(), w.use(), w.glu()) : PackLayout{};
+  const uint64_t call_id = quant ? next_quant_call() : 0;
   const int64_t Kb = w.use() == PackUse::backward_dx ? w.out_features() : w.in_features();
   const int64_t I = x_NI.size(1);
   auto rows_of = [&](int64_t g) {
@@ -301,7 +369,7 @@ void run_items(const gemm::Microkernel& uk, const PackedWeights& w, const Tensor
       const int64_t row0 = offset_G[size_t(g)], M = rows_of(g);
       const char* a =
           static_cast<const char*>(x_NI.raw()) + size_t(row0 * I) * dtype_size(x_NI.dtype());
-      const QuantPanels panels{&uk, &layout, quant ? &w.quant_source(g) : nullptr};
+      const QuantPanels panels{&uk, &layout, quant ? &w.quant_source(g) : nullptr, call_id};
       const gemm::BSource source{pack_quant_panel, &panels};
       const gemm::Problem p{.M = M,
                             .N = w.packed_cols(),
