@@ -253,23 +253,40 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
          std::string(quant_format_name(info.param.format));
 }
 
-class QuantGrouped : public testing::IsaTest<Case> {};
+struct Shape3;
+class QuantGrouped : public testing::IsaTest<Case> {
+ protected:
+  void check_layer(const Shape3& shape);
+};
 INSTANTIATE_TEST_SUITE_P(Isa, QuantGrouped, ::testing::ValuesIn(all_cases()), case_name);
 
-// Rows per group: none, one, around a tile, past a block of rows, and past
-// a tall block (gemm::tall_rows), where a panel is expanded again.
-const std::vector<int64_t> kRows = {0, 1, 17, 130, 1100};
-// D = 270 and 2F = 300 take two steps of K (256) and, as dx's columns, two
-// blocks of them; neither is a multiple of a scale group.
-constexpr int64_t kD = 270, kF = 150;
+// The layers: rows per group none, one, around a tile, past a block of
+// rows and past a tall block (gemm::tall_rows, where a panel is expanded
+// again). D = 270 and 2F = 300 take two steps of K (256) and, as dx's
+// columns, two blocks of them, and are multiples of no scale group; D = 320
+// and F = 160 are multiples of 32, the runs the AVX-512 nibble expansion
+// takes (quant_pack.h), whole groups of int4 g32 and MXFP4.
+struct Shape3 {
+  int64_t D, F;
+  std::vector<int64_t> rows;
+};
+const Shape3 kShapes[] = {{270, 150, {0, 1, 17, 130, 1100}}, {320, 160, {1, 40}}};
 
 TEST_P(QuantGrouped, EqualsTheDequantizedProductsBitwise) {
+  for (const Shape3& shape : kShapes) {
+    SCOPED_TRACE("D " + std::to_string(shape.D) + ", F " + std::to_string(shape.F));
+    check_layer(shape);
+  }
+}
+
+void QuantGrouped::check_layer(const Shape3& shape) {
   const DType dt = GetParam().dtype;
   const QuantFormat f = GetParam().format;
-  Rng rng(uint64_t(f) * 100 + 3);
-  const int64_t G = int64_t(kRows.size());
+  const int64_t kD = shape.D, kF = shape.F;
+  Rng rng(uint64_t(f) * 100 + uint64_t(kD));
+  const int64_t G = int64_t(shape.rows.size());
   std::vector<int64_t> offset{0};
-  for (int64_t r : kRows) offset.push_back(offset.back() + r);
+  for (int64_t r : shape.rows) offset.push_back(offset.back() + r);
   const int64_t N = offset.back();
   std::vector<QuantMatrix> q13, q2;
   std::vector<Tensor> d13, d2;  // dequantized to the products' dtype

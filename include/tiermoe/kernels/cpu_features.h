@@ -5,6 +5,7 @@
 namespace tiermoe {
 
 bool has_avx512f();      // AVX-512 Foundation, and the OS saves ZMM state
+bool has_avx512bw();     // AVX-512 byte and word instructions (vpermw)
 bool has_avx512_bf16();  // vdpbf16ps / vcvtne2ps2bf16 (AVX512_BF16)
 bool has_amx_bf16();     // AMX tiles with bf16 dot products, enabled in XCR0
 

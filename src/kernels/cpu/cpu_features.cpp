@@ -45,6 +45,11 @@ bool has_avx512f() {
   return yes;
 }
 
+bool has_avx512bw() {
+  static const bool yes = has_avx512f() && bit(cpuid(7, 0).b, 30);
+  return yes;
+}
+
 bool has_avx512_bf16() {
   static const bool yes = has_avx512f() && bit(cpuid(7, 1).a, 5);
   return yes;

@@ -11,6 +11,7 @@
 #include "../grouped_check.h"
 #include "../nn_common.h"
 #include "gemm/driver.h"
+#include "quant_pack.h"
 #include "tiermoe/core/parallel.h"
 
 namespace tiermoe {
@@ -152,6 +153,11 @@ void pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, 
     else dequantize_row_bf16(*c.q, row, c0, n, static_cast<bf16*>(out));
   };
   prefetch_next_codes(c, j, k0, kc);
+  if (c.l->rs == 1 && c.uk->b == gemm::BPack::bf16_pairs &&
+      cpu::nibble_pairs_apply(*c.q, k0, kk, nr)) {
+    cpu::pack_nibble_pairs(*c.q, first, valid, k0, kk, kc, nr, dst);
+    return;
+  }
   if (c.l->rs == 1) {  // forward: B(k, x) = w[first + x, k], a panel's rows decoded
     constexpr int64_t kCap = 64 * gemm::kKc;
     alignas(64) thread_local float lines[kCap];

@@ -1,0 +1,116 @@
+// Nibble matrices straight into bf16-pair panels (quant_pack.h). Compiled
+// with AVX-512 F and BW; called only where the CPU has them. Like the
+// microkernels' files it uses intrinsics and builtins only, no inline
+// library function whose AVX-512 copy the linker could keep for everyone.
+#include <immintrin.h>
+
+#include "quant_pack.h"
+#include "tiermoe/kernels/cpu_features.h"
+
+namespace tiermoe::cpu {
+namespace {
+
+constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// A scale group's 16 values rounded to bf16 (nearest even, NaN quiet, as
+// float_to_bf16), as 16 words: the table vpermw reads.
+__m512i table_of(const QuantMatrix& q, int64_t row, int64_t group) {
+  __m512 v;
+  if (q.format == QuantFormat::int4) {
+    const float s = static_cast<const float*>(q.scales)[row * q.scale_stride + group];
+    v = _mm512_mul_ps(_mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
+                      _mm512_set1_ps(s));
+  } else {  // mxfp4: ldexp's values (dequantize's definition)
+    const uint32_t e = static_cast<const uint8_t*>(q.scales)[row * q.scale_stride + group];
+    if (e == 255) {
+      alignas(64) float vals[16];
+      for (int c = 0; c < 16; ++c) vals[c] = __builtin_ldexpf(kE2m1[c], 128);
+      v = _mm512_load_ps(vals);
+    } else {
+      const __m512i p2 = _mm512_set1_epi32(int(e == 0 ? 0x00400000u : e << 23));
+      v = _mm512_mul_ps(_mm512_loadu_ps(kE2m1), _mm512_castsi512_ps(p2));
+    }
+  }
+  const __m512i u = _mm512_castps_si512(v);
+  const __mmask16 nan = _mm512_cmpgt_epi32_mask(_mm512_and_si512(u, _mm512_set1_epi32(0x7fffffff)),
+                                                _mm512_set1_epi32(0x7f800000));
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+  __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), odd));
+  r = _mm512_mask_or_epi32(r, nan, u, _mm512_set1_epi32(0x00400000));
+  return _mm512_castsi256_si512(_mm512_cvtepi32_epi16(_mm512_srli_epi32(r, 16)));
+}
+
+// 32 values (16 bytes of nibbles) as 16 dwords, each the pair (2i, 2i + 1)
+// in VNNI order: the low nibble indexes the low word, the high one the high.
+__m512i pairs_of(const uint8_t* codes, __m512i table) {
+  const __m512i d = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes)));
+  const __m512i idx =
+      _mm512_ternarylogic_epi32(d, _mm512_slli_epi32(d, 12), _mm512_set1_epi32(0x000f000f), 0xa8);
+  return _mm512_permutexvar_epi16(idx, table);
+}
+
+// r[i] (16 rows of 16 dwords) transposed in place: r[j] holds dword j of
+// every row.
+void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  __m512i u[16];  // u[i + c], lane L: dword 4L + c of rows i..i+3
+  for (int i = 0; i < 16; i += 4) {
+    u[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    const __m512i x0 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0x44);
+    const __m512i x1 = _mm512_shuffle_i32x4(u[c], u[4 + c], 0xee);
+    const __m512i y0 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0x44);
+    const __m512i y1 = _mm512_shuffle_i32x4(u[8 + c], u[12 + c], 0xee);
+    r[c] = _mm512_shuffle_i32x4(x0, y0, 0x88);
+    r[4 + c] = _mm512_shuffle_i32x4(x0, y0, 0xdd);
+    r[8 + c] = _mm512_shuffle_i32x4(x1, y1, 0x88);
+    r[12 + c] = _mm512_shuffle_i32x4(x1, y1, 0xdd);
+  }
+}
+
+}  // namespace
+
+bool nibble_pairs_apply(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t nr) {
+  const bool nibbles = q.format == QuantFormat::int4 || q.format == QuantFormat::mxfp4;
+  return nibbles && q.group % 32 == 0 && k0 % 32 == 0 && kk % 32 == 0 && nr % 16 == 0 &&
+         has_avx512bw();
+}
+
+void pack_nibble_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64_t k0, int64_t kk,
+                       int64_t kc, int64_t nr, void* dst_v) {
+  auto* dst = static_cast<int32_t*>(dst_v);  // [kc/2][nr]
+  for (int64_t x0 = 0; x0 < nr; x0 += 16) {
+    const int64_t left = valid - x0;
+    const int rows = left <= 0 ? 0 : left >= 16 ? 16 : int(left);
+    __m512i table[16];
+    for (int64_t k = k0; k < k0 + kk; k += 32) {
+      __m512i r[16];
+      for (int i = 0; i < 16; ++i) {
+        if (i >= rows) {
+          r[i] = _mm512_setzero_si512();
+          continue;
+        }
+        const int64_t row = first + x0 + i;
+        if (k == k0 || k % q.group == 0) table[i] = table_of(q, row, k / q.group);
+        r[i] = pairs_of(q.codes + row * q.code_stride + k / 2, table[i]);
+      }
+      transpose16(r);
+      int32_t* out = dst + ((k - k0) / 2) * nr + x0;
+      for (int j = 0; j < 16; ++j) _mm512_storeu_si512(out + j * nr, r[j]);
+    }
+    for (int64_t p = kk / 2; p < kc / 2; ++p) {
+      _mm512_storeu_si512(dst + p * nr + x0, _mm512_setzero_si512());
+    }
+  }
+}
+
+}  // namespace tiermoe::cpu
