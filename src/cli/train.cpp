@@ -66,6 +66,7 @@ struct TrainFlags {
   bool no_shuffle = false;
   bool no_packing = false;
   int64_t layers = 0;
+  std::string experts;  // int4 | int8: the routed experts quantized at load
 
   bool full = false;
   int64_t lora_rank = 8;
@@ -103,6 +104,8 @@ const std::vector<std::pair<std::string, std::string>> kRunFlags = {
     {"--corpus-tokens", "corpus_tokens"},
     {"--remat", "remat"},
     {"--absorb-scores", "absorb_scores"},
+    {"--experts", "experts"},
+    {"--experts-group", "experts_group"},
     {"--steps", "steps"},
     {"--batch", "batch"},
     {"--seq-len", "seq_len"},
@@ -138,6 +141,7 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
     c.trainer.schedule.warmup_steps = std::min<int64_t>(20, c.trainer.steps / 10);
   }
   c.dtype = parse_dtype(f.dtype, "--dtype");
+  if (!f.experts.empty()) c.experts = parse_quant_format(f.experts, "--experts");
   TrainerOptions& t = c.trainer;
   t.optimizer = parse_optimizer_kind(f.optimizer);
   t.schedule.kind = parse_lr_schedule(f.lr_schedule);
@@ -478,6 +482,13 @@ void add_train_command(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--absorb-scores", c.absorb, "Absorb router scores: auto|on|off")
       ->capture_default_str();
+  cmd->add_option("--experts", f->experts,
+                  "Keep the routed experts at int4|int8, quantized at load and frozen (LoRA runs; "
+                  "default: the compute dtype)");
+  cmd->add_option("--experts-group", c.experts_group,
+                  "Columns per scale of --experts int4|int8 (compressed-tensors' group size)")
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
 
   cmd->add_option("--optimizer", f->optimizer, "adamw|sgd")->capture_default_str();
   cmd->add_option("--lr", t.schedule.base_lr, "Peak learning rate")->capture_default_str();

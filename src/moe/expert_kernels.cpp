@@ -35,6 +35,7 @@ bool ExpertPacks::applies(const GroupedExperts& experts) {
       experts.adapter() || cfg.post_norm || cfg.num_experts == 0) {
     return false;
   }
+  if (experts.quantized()) return true;  // read as stored: no packed copies to fit
   const ExpertWeights w = experts.weights(0);
   return w.w13_FD.defined() && w.w2_DF.defined() && PackedWeights::reads(w.w13_FD.dtype(), dt) &&
          PackedWeights::reads(w.w2_DF.dtype(), dt) && experts.packs().fits_host_memory(experts);
@@ -90,19 +91,31 @@ const PackedWeights& ExpertPacks::get(const GroupedExperts& experts, ExpertPack 
   }
   stats_.bytes -= s.w.bytes();
   const DType dt = experts.dtype();
-  switch (which) {
-    case ExpertPack::w13_glu:
-      s.w.pack(expert_weights(experts, true), dt, PackUse::forward_glu, glu);
-      break;
-    case ExpertPack::w2:
-      s.w.pack(expert_weights(experts, false), dt, PackUse::forward);
-      break;
-    case ExpertPack::w13_dx:
-      s.w.pack(expert_weights(experts, true), dt, PackUse::backward_dx);
-      break;
-    case ExpertPack::w2_dx:
-      s.w.pack(expert_weights(experts, false), dt, PackUse::backward_dx);
-      break;
+  if (experts.quantized()) {
+    const bool w13 = which == ExpertPack::w13_glu || which == ExpertPack::w13_dx;
+    std::vector<QuantMatrix> q(size_t(cfg.num_experts));
+    for (int64_t e = 0; e < cfg.num_experts; ++e) {
+      q[size_t(e)] = w13 ? experts.quantized_w13(e) : experts.quantized_w2(e);
+    }
+    const PackUse use = which == ExpertPack::w13_glu ? PackUse::forward_glu
+                        : which == ExpertPack::w2    ? PackUse::forward
+                                                     : PackUse::backward_dx;
+    s.w.bind_quantized(std::move(q), dt, use, glu);
+  } else {
+    switch (which) {
+      case ExpertPack::w13_glu:
+        s.w.pack(expert_weights(experts, true), dt, PackUse::forward_glu, glu);
+        break;
+      case ExpertPack::w2:
+        s.w.pack(expert_weights(experts, false), dt, PackUse::forward);
+        break;
+      case ExpertPack::w13_dx:
+        s.w.pack(expert_weights(experts, true), dt, PackUse::backward_dx);
+        break;
+      case ExpertPack::w2_dx:
+        s.w.pack(expert_weights(experts, false), dt, PackUse::backward_dx);
+        break;
+    }
   }
   stats_.bytes += s.w.bytes();
   stats_.packs += 1;
@@ -173,7 +186,7 @@ void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& ds
   };
   auto rows_of = [&](int64_t e) {
     const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1];
-    Rows r{experts.math(e), {}, {}, {}};
+    Rows r{experts.math_without_matrices(e), {}, {}, {}};
     r.acts.x_MD = rows_or_none(all.x_MD, b, end);
     r.acts.h_M2F = all.h_M2F.rows(b, end);
     r.acts.a_MF = rows_or_none(all.a_MF, b, end);

@@ -93,6 +93,47 @@ void GroupedExperts::bind_expert_weights(int64_t e, Tensor w13, Tensor w2) {
   w2_e_[size_t(e)] = std::move(w2);
 }
 
+void GroupedExperts::bind_quantized_weights(std::vector<QuantMatrix> w13, std::vector<QuantMatrix> w2) {
+  const int64_t E = cfg_.num_experts, D = cfg_.hidden, F = cfg_.ffn;
+  TIERMOE_CHECK(int64_t(w13.size()) == E && int64_t(w2.size()) == E,
+                detail::str_of("bind_quantized_weights got ", w13.size(), " W13 and ", w2.size(),
+                               " W2 matrices for ", E, " experts"),
+                name_, "pass one quantized W13 [2F, D] and W2 [D, F] per expert");
+  for (int64_t e = 0; e < E; ++e) {
+    const std::string at = detail::str_of(name_, " expert ", e);
+    check_quant_matrix(w13[size_t(e)], at + " w13");
+    check_quant_matrix(w2[size_t(e)], at + " w2");
+    TIERMOE_CHECK(w13[size_t(e)].rows == 2 * F && w13[size_t(e)].cols == D &&
+                      w2[size_t(e)].rows == D && w2[size_t(e)].cols == F,
+                  detail::str_of("expert ", e, "'s quantized W13 is [", w13[size_t(e)].rows, ", ",
+                                 w13[size_t(e)].cols, "] and W2 [", w2[size_t(e)].rows, ", ",
+                                 w2[size_t(e)].cols, "]; the experts need [", 2 * F, ", ", D,
+                                 "] and [", D, ", ", F, "]"),
+                  name_, "quantize the experts' own W13 (gate rows, then up) and W2");
+  }
+  TIERMOE_CHECK(!cfg_.post_norm, "quantized experts with a post-norm are not supported", name_,
+                "keep these experts in the compute dtype");
+  q13_ = std::move(w13);
+  q2_ = std::move(w2);
+  w13_e_.clear();
+  w2_e_.clear();
+  // The widened stacks keep only their shape (the gradients' shapes).
+  w13_EFD = Tensor::from_external(nullptr, {E, 2 * F, D}, dtype_, nullptr);
+  w2_EDF = Tensor::from_external(nullptr, {E, D, F}, dtype_, nullptr);
+  weights_changed();
+}
+
+int64_t GroupedExperts::weight_bytes() const {
+  int64_t n = 0;
+  for (size_t e = 0; e < q13_.size(); ++e) n += q13_[e].bytes() + q2_[e].bytes();
+  if (quantized()) return n;
+  if (weights_per_expert()) {
+    for (size_t e = 0; e < w13_e_.size(); ++e) n += int64_t(w13_e_[e].nbytes() + w2_e_[e].nbytes());
+    return n;
+  }
+  return w13_EFD.raw() ? int64_t(w13_EFD.nbytes() + w2_EDF.nbytes()) : 0;
+}
+
 void GroupedExperts::allocate_grads() {
   if (has_grads()) return;
   const DType g = grad_dtype();
@@ -134,6 +175,10 @@ Tensor& GroupedExperts::param(std::string_view name) {
 }
 
 const Tensor& GroupedExperts::param(std::string_view name) const {
+  TIERMOE_CHECK(!(quantized() && (name == "w13" || name == "w2")),
+                "'" + std::string(name) + "' is stored quantized (" +
+                    std::string(quant_format_name(q13_[0].format)) + ") and frozen",
+                name_, "read expert e's dequantized weights through weights(e); train LoRA on them");
   TIERMOE_CHECK(!(weights_per_expert() && (name == "w13" || name == "w2")),
                 "'" + std::string(name) + "' is bound one expert at a time", name_,
                 "read expert e's weights through weights(e)");
@@ -168,12 +213,16 @@ void GroupedExperts::zero_grad() {
 }
 
 bool GroupedExperts::weights_bound(int64_t e) const {
+  if (quantized()) return true;
   return weights_per_expert() ? w13_e_[size_t(e)].defined() : w13_EFD.raw() != nullptr;
 }
 
 ExpertWeights GroupedExperts::weights(int64_t e) const {
   ExpertWeights w;
-  if (weights_per_expert()) {
+  if (quantized()) {
+    w.w13_FD = dequantize(q13_[size_t(e)], dtype_);
+    w.w2_DF = dequantize(q2_[size_t(e)], dtype_);
+  } else if (weights_per_expert()) {
     w.w13_FD = w13_e_[size_t(e)];
     w.w2_DF = w2_e_[size_t(e)];
   } else {
@@ -205,6 +254,16 @@ ExpertMath GroupedExperts::math(int64_t e) const {
   return ExpertMath{&cfg_, dtype_, weights(e), adapter_, e};
 }
 
+ExpertMath GroupedExperts::math_without_matrices(int64_t e) const {
+  ExpertWeights w;
+  if (cfg_.bias) {
+    w.b13_F = b13_E2F.select(e);
+    w.b2_D = b2_ED.select(e);
+  }
+  if (cfg_.post_norm) w.norm_D = norm_ED.select(e);
+  return ExpertMath{&cfg_, dtype_, w, adapter_, e};
+}
+
 void GroupedExperts::forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,
                                   const Tensor& x_MD, const Tensor& score_M) const {
   expert_forward(math(e), y_MD, acts, x_MD, score_M);
@@ -215,7 +274,7 @@ void GroupedExperts::w13_forward_rows(int64_t e, ExpertRowsActs& acts, const Ten
 }
 
 void GroupedExperts::act_forward_rows(Tensor& a_MF, const Tensor& h_M2F) const {
-  expert_act_forward(math(0), a_MF, h_M2F);
+  expert_act_forward(math_without_matrices(0), a_MF, h_M2F);
 }
 
 void GroupedExperts::w2_forward_rows(int64_t e, Tensor& y_MD, ExpertRowsActs& acts,

@@ -218,9 +218,9 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
         Tensor no_dscore;
         if (w13) {
           Tensor dh = rows(dh_all, e), da_e = rows(da, e);
-          expert_backward_w13_side(experts.math(e), dh, no_dscore, da_e, acts, none, &sum, false);
+          expert_backward_w13_side(experts.math_without_matrices(e), dh, no_dscore, da_e, acts, none, &sum, false);
         } else {
-          expert_backward_w2_side(experts.math(e), no_dscore, rows(dy, e), acts, none, &sum, false,
+          expert_backward_w2_side(experts.math_without_matrices(e), no_dscore, rows(dy, e), acts, none, &sum, false,
                                   false);
         }
       });

@@ -145,6 +145,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   MemoryPlan p;
   // Parameters, adapters, gradients, optimizer state.
   const bool mapped = lora && stored.has_value();
+  const bool quantized = cfg.experts.has_value();  // the routed experts at int4/int8
   // Such a run keeps the matrices at their stored width when it is no wider
   // than the run's; narrower ones are widened by the products (*_mixed).
   const bool keep_stored = mapped && is_narrower_or_same(stored->dtype, dt);
@@ -161,7 +162,13 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   for (const HfTensor& t : hf_tensors(c)) {
     if (t.role == HfRole::expert && t.expert >= El) continue;
     const size_t n = size_t(shape_numel(t.shape));
-    if (mapped && is_matrix(t.role)) {
+    if (quantized && t.role == HfRole::expert) {
+      // Codes and f32 scales (rows padded to whole scale groups and words
+      // ignored), held instead of the widened or mapped weights, which
+      // quantizing released before the run's first step.
+      at(p, MemTag::weights) += n * size_t(quant_code_bits(*cfg.experts)) / 8 +
+                                (n + size_t(cfg.experts_group) - 1) / size_t(cfg.experts_group) * 4;
+    } else if (mapped && is_matrix(t.role)) {
       const DType kept_as = keep_stored ? stored->dtype : dt;
       at(p, keep_stored ? MemTag::mapped : MemTag::weights) += n * dtype_size(kept_as);
     } else {
@@ -209,7 +216,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // applies at its first pack to the memory left then (here: what is
   // available now, less the plan's own bytes so far and the layers packed
   // before it).
-  const bool packable = !keep_stored || PackedWeights::reads(stored->dtype, dt);
+  // Quantized experts run on the grouped kernels too, read as stored.
+  const bool packable =
+      quantized || !keep_stored || PackedWeights::reads(stored->dtype, dt);
   const bool grouped =
       lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && packable;
   int64_t packed_layers = 0;
@@ -220,7 +229,12 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
         uint64_t(ExpertPacks::packed_bytes(El, c.hidden_size, c.moe_intermediate_size, false, dt));
     uint64_t left = host_memory_available();
     for (size_t b : p.peak) left -= std::min<uint64_t>(left, b);
-    for (int64_t l = 0; l < c.num_moe_layers() && ExpertPacks::packs_fit(stack, left); ++l) {
+    for (int64_t l = 0;
+         l < c.num_moe_layers() && (quantized || ExpertPacks::packs_fit(stack, left)); ++l) {
+      if (quantized) {
+        ++packed_layers;
+        continue;
+      }
       at(p, MemTag::weights) += packs;
       left -= std::min(left, packs);
       ++packed_layers;

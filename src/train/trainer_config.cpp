@@ -26,6 +26,20 @@ void TrainConfig::validate() const {
   if (lora) lora->validate("--lora-rank/--lora-alpha/--lora-targets");
   TIERMOE_CHECK(lora_init.empty() || lora, "--lora-init needs LoRA", "--lora-init",
                 "pass --lora-rank (or drop --lora-init)");
+  if (experts) {
+    TIERMOE_CHECK(*experts == QuantFormat::int4 || *experts == QuantFormat::int8,
+                  str_of("--experts ", quant_format_name(*experts),
+                         " is read from checkpoints as shipped, not made at load"),
+                  "--experts", "quantize at load to int4 or int8");
+    TIERMOE_CHECK(lora, str_of("--experts ", quant_format_name(*experts), " freezes the experts"),
+                  "--experts",
+                  "train LoRA adapters (--lora-rank); full fine-tuning trains the experts in the "
+                  "compute dtype");
+    TIERMOE_CHECK(experts_group >= 1, str_of("--experts-group ", experts_group, " must be >= 1"),
+                  "--experts-group", "use 32, 64 or 128 columns per scale");
+    TIERMOE_CHECK(dtype != DType::f64, "--experts quantizes for the f32 and bf16 kernels",
+                  "--experts", "use --dtype bf16 or f32 (f64 runs check the model against transformers)");
+  }
   TIERMOE_CHECK(
       corpus_tokens > trainer.seq_len,
       str_of("the built-in corpus of ", corpus_tokens, " tokens is shorter than one window"),
@@ -46,6 +60,8 @@ json TrainConfig::to_json() const {
       {"corpus_tokens", corpus_tokens},
       {"remat", remat},
       {"absorb_scores", absorb},
+      {"experts", experts ? json(std::string(quant_format_name(*experts))) : json(nullptr)},
+      {"experts_group", experts_group},
       {"steps", t.steps},
       {"batch", t.batch},
       {"seq_len", t.seq_len},
@@ -91,6 +107,11 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
     c.corpus_tokens = j.at("corpus_tokens").get<int64_t>();
     c.remat = j.at("remat").get<std::string>();
     c.absorb = j.at("absorb_scores").get<std::string>();
+    // Runs saved before quantized experts existed kept them in the dtype.
+    if (j.contains("experts") && !j.at("experts").is_null()) {
+      c.experts = parse_quant_format(j.at("experts").get<std::string>(), where);
+    }
+    c.experts_group = j.value("experts_group", int64_t(128));
     TrainerOptions& t = c.trainer;
     t.steps = j.at("steps").get<int64_t>();
     t.batch = j.at("batch").get<int64_t>();
@@ -208,6 +229,14 @@ CausalLM build_model(const TrainConfig& c, Comm* comm, ProgressSink progress) {
   if (c.lora) {
     model.enable_lora(*c.lora, c.seed);
     if (!c.lora_init.empty()) model.load_lora_adapter(c.lora_init);
+  }
+  if (c.experts) {
+    const auto [before, after] = model.quantize_experts(*c.experts, c.experts_group);
+    if (progress.out) {
+      *progress.out << "experts: " << quant_format_name(*c.experts) << " g" << c.experts_group
+                    << ", frozen, " << format_size(uint64_t(before)) << " -> "
+                    << format_size(uint64_t(after)) << "\n";
+    }
   }
   model.zero_grad();
   return model;

@@ -198,6 +198,49 @@ TEST_P(ExpertKernels, BoundPerExpertAndNarrowerWeightsEqualPerExpertPath) {
   expect_same(got, host_run(stacked, x, dy, score, false), {}, "stacked at the run's width");
 }
 
+// Experts stored quantized (int4, group 32) run on the grouped kernels
+// with no packed copy and give the bits of the same experts bound with
+// their dequantized weights; the per-expert path (which an adapter takes)
+// reads those dequantized weights through weights(e) and agrees too. Dx
+// only: quantized experts are frozen, and their widened params refused.
+TEST_P(ExpertKernels, QuantizedExpertsEqualTheirDequantizedWeights) {
+  const auto [isa, dt, variant, absorbed] = GetParam();
+  Rng rng(87);
+  const ExpertsConfig cfg = testing::experts_config(variant, int64_t(kRows.size()), kD, kF);
+  GroupedExperts stacked(cfg, dt);
+  testing::fill_experts(stacked, rng, 0.3);
+  GroupedExperts quant(cfg, dt, "experts.q", /*unbound_weights=*/true);
+  GroupedExperts widened(cfg, dt, "experts.d", /*unbound_weights=*/true);
+  std::vector<QuantMatrix> q13, q2;
+  for (int64_t e = 0; e < cfg.num_experts; ++e) {
+    q13.push_back(quantize_int(std::as_const(stacked).param("w13").select(e), QuantFormat::int4, 32));
+    q2.push_back(quantize_int(std::as_const(stacked).param("w2").select(e), QuantFormat::int4, 32));
+    widened.bind_expert_weights(e, dequantize(q13.back(), dt), dequantize(q2.back(), dt));
+  }
+  quant.bind_quantized_weights(q13, q2);
+  if (cfg.bias) {
+    for (GroupedExperts* ex : {&quant, &widened}) {
+      ex->param("b13").copy_from(std::as_const(stacked).param("b13"));
+      ex->param("b2").copy_from(std::as_const(stacked).param("b2"));
+    }
+  }
+  ASSERT_TRUE(ExpertPacks::applies(quant));
+  const int64_t N = offsets().back();
+  const Tensor x = random_tensor({N, kD}, dt, rng), dy = random_tensor({N, kD}, dt, rng);
+  const Tensor score = absorbed ? random_scores(N, rng) : Tensor();
+  const Outputs got = host_run(quant, x, dy, score, false);
+  EXPECT_EQ(quant.packs().stats().packs, 4) << "the grouped kernels did not run";
+  EXPECT_EQ(quant.packs().stats().bytes, 0) << "a widened copy of quantized experts was kept";
+  expect_same(got, host_run(widened, x, dy, score, false), {}, "bound dequantized");
+  expect_same(got, per_expert_run(quant, x, dy, score, false), {}, "per expert");
+  EXPECT_THROW(std::as_const(quant).param("w13"), Error);
+  // Codes and f32 scales only: 4 bits a value, 32 bits a group of 32, the
+  // rows padded to whole words.
+  EXPECT_EQ(quant.weight_bytes(), cfg.num_experts * (quant_bytes(QuantFormat::int4, 2 * kF, kD, 32) +
+                                                     quant_bytes(QuantFormat::int4, kD, kF, 32)));
+  EXPECT_LT(quant.weight_bytes(), widened.weight_bytes() / (dt == DType::bf16 ? 2 : 5));
+}
+
 // Packed once: a second step with unchanged weights packs nothing; after an
 // in-place change announced by weights_changed() (the optimizer step's
 // path) the results follow the new weights.

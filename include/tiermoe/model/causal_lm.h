@@ -29,6 +29,7 @@
 // output") with a hint. Gradients are the trainer's to check
 // (train/grad_clip.h).
 #include <memory>
+#include <utility>
 #include <optional>
 #include <span>
 #include <string>
@@ -40,6 +41,7 @@
 #include "tiermoe/dist/comm.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/kernels/quant.h"
 #include "tiermoe/model/decoder_layer.h"
 #include "tiermoe/model/lm_head.h"
 #include "tiermoe/model/token_layout.h"
@@ -171,6 +173,11 @@ class CausalLM {
   // After an in-place update of the weights (the optimizer step): the
   // trainable experts' packed copies are re-packed before they are next used.
   void expert_weights_changed();
+  // Keeps every MoE layer's routed experts at `format` (int4 or int8,
+  // `group` columns per scale; kernels/quant.h), quantized from their
+  // present weights, which are released, and frozen. Returns the experts'
+  // weight bytes before and after.
+  std::pair<int64_t, int64_t> quantize_experts(QuantFormat format, int64_t group);
 
   // ---- LoRA (lora.h)
   // Freezes every base parameter (no base grads are held; experts run a

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tiermoe/core/tensor.h"
+#include "tiermoe/kernels/quant.h"
 #include "tiermoe/moe/expert_ops.h"
 
 namespace tiermoe {
@@ -122,6 +123,19 @@ class GroupedExperts {
   void bind_weights(Tensor w13_EFD, Tensor w2_EDF);
   void bind_expert_weights(int64_t e, Tensor w13_FD, Tensor w2_DF);
   bool weights_per_expert() const { return !w13_e_.empty(); }
+  // Frozen experts kept at a low-bit width (kernels/quant.h): W13 [2F, D]
+  // and W2 [D, F] of each expert. The grouped kernels read the codes as
+  // stored; weights(e) gives dequantized copies in dtype(), made on each
+  // call, to the paths that read tensors (an adapter's per-expert products,
+  // the device tier's uploads, f64 runs); param("w13") is an Error. Drops
+  // the weights bound before.
+  void bind_quantized_weights(std::vector<QuantMatrix> w13_E_FD, std::vector<QuantMatrix> w2_E_DF);
+  bool quantized() const { return !q13_.empty(); }
+  const QuantMatrix& quantized_w13(int64_t e) const { return q13_[size_t(e)]; }
+  const QuantMatrix& quantized_w2(int64_t e) const { return q2_[size_t(e)]; }
+  // The bytes the experts' W13 and W2 hold: stored codes and scales when
+  // quantized, else the bound tensors' (a mapped checkpoint's included).
+  int64_t weight_bytes() const;
   // Expert e has weights to read: stacked ones with memory, or its own bound.
   // An unbound placeholder has a shape and a dtype only; whoever reads the
   // bytes (the packs, the device tier's uploads) checks this first.
@@ -159,6 +173,10 @@ class GroupedExperts {
   ExpertWeights weights(int64_t e) const;
   ExpertGrads grads(int64_t e);
   ExpertMath math(int64_t e) const;
+  // The same without W13 and W2 (undefined in it): the steps around the
+  // grouped products (biases, activation, score, weight-gradient sums) read
+  // neither, and quantized experts are not dequantized for them.
+  ExpertMath math_without_matrices(int64_t e) const;
 
   // Expert e over M rows. acts.h_M2F and acts.a_MF (and ypre_MD, rstd_M with
   // post_norm) are outputs the caller allocated; acts.x_MD is only read by
@@ -195,6 +213,7 @@ class GroupedExperts {
   Tensor b2_ED;    // (E, D) bias only
   Tensor norm_ED;  // (E, D) post_norm only
   std::vector<Tensor> w13_e_, w2_e_;  // per-expert bound weights (bind_expert_weights)
+  std::vector<QuantMatrix> q13_, q2_;  // quantized weights (bind_quantized_weights)
   Tensor dw13_EFD, dw2_EDF, db13_E2F, db2_ED, dnorm_ED;  // grad_dtype()
   ExpertAdapter* adapter_ = nullptr;
   uint64_t weights_version_ = 0;

@@ -17,6 +17,7 @@
 #include "tiermoe/model/lora.h"
 #include "tiermoe/train/data.h"
 #include "tiermoe/train/markov_corpus.h"
+#include "tiermoe/kernels/quant.h"
 #include "tiermoe/train/tier_session.h"
 #include "tiermoe/train/trainer.h"
 
@@ -39,6 +40,12 @@ struct TrainConfig {
   // Fine-tuning: LoRA when set, full fine-tuning otherwise.
   std::optional<LoraConfig> lora;
   std::string lora_init;  // a PEFT adapter directory to start from
+
+  // The routed experts kept at int4 or int8 (`experts_group` columns per
+  // scale), quantized at load from the weights the model starts with and
+  // frozen (LoRA runs only; kernels/quant.h). Unset: the compute dtype.
+  std::optional<QuantFormat> experts;
+  int64_t experts_group = 128;
 
   int64_t lm_head_chunk = kDefaultLmHeadChunk;  // token rows per LM head chunk (0: all)
   std::string remat = "none";   // RematPolicy text
