@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tiermoe/core/error.h"
+#include "tiermoe/core/memory.h"
 #include "tiermoe/core/parallel.h"
 
 namespace tiermoe {
@@ -14,6 +15,22 @@ using detail::str_of;
 constexpr int64_t kBlock = 32;  // values per scale
 constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
                              -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
+// Keeps the blocks' and scales' mappings alive for the matrices viewing
+// them, and counts their bytes under MemTag::mapped while any of them lives.
+struct MappedCodes {
+  MappedCodes(std::shared_ptr<const void> blocks, std::shared_ptr<const void> scales, size_t bytes)
+      : blocks_(std::move(blocks)), scales_(std::move(scales)), bytes_(bytes) {
+    MemoryTracker::process().on_alloc(MemTag::mapped, bytes_);
+  }
+  ~MappedCodes() { MemoryTracker::process().on_free(MemTag::mapped, bytes_); }
+  MappedCodes(const MappedCodes&) = delete;
+  MappedCodes& operator=(const MappedCodes&) = delete;
+
+ private:
+  std::shared_ptr<const void> blocks_, scales_;
+  size_t bytes_;
+};
 
 std::string blocks_of(const std::string& name) { return name + "_blocks"; }
 std::string scales_of(const std::string& name) { return name + "_scales"; }
@@ -65,6 +82,34 @@ Tensor load_mxfp4(const CheckpointTensors& ck, const std::string& name, DType dt
     });
   });
   return out;
+}
+
+std::vector<QuantMatrix> mxfp4_matrices(const CheckpointTensors& ck, const std::string& name,
+                                        int64_t first, int64_t count) {
+  const Shape shape = mxfp4_shape(ck, name);  // [E, out, in]
+  TIERMOE_CHECK(first >= 0 && count >= 0 && first + count <= shape[0],
+                str_of("experts [", first, ", ", first + count, ") of '", name, "', which holds ",
+                       shape[0]),
+                ck.dir(), "the checkpoint holds fewer experts than the config says");
+  const SafetensorsFile& bf = ck.file_of(blocks_of(name));
+  const SafetensorsFile& sf = ck.file_of(scales_of(name));
+  const auto blocks = bf.bytes(blocks_of(name));
+  const auto scales = sf.bytes(scales_of(name));
+  const int64_t out = shape[1], in = shape[2], row_blocks = in / kBlock;
+  auto owner = std::make_shared<MappedCodes>(
+      bf.mapping(), sf.mapping(), size_t(count * out * (in / 2 + row_blocks)));
+  std::vector<QuantMatrix> m(static_cast<size_t>(count));
+  for (int64_t e = 0; e < count; ++e) {
+    QuantMatrix& q = m[size_t(e)];
+    q.format = QuantFormat::mxfp4;
+    q.rows = out, q.cols = in, q.group = kBlock;
+    q.code_stride = row_blocks * kBlock / 2;
+    q.scale_stride = row_blocks;
+    q.codes = reinterpret_cast<const uint8_t*>(blocks.data()) + (first + e) * out * q.code_stride;
+    q.scales = reinterpret_cast<const uint8_t*>(scales.data()) + (first + e) * out * row_blocks;
+    q.owner = owner;
+  }
+  return m;
 }
 
 }  // namespace tiermoe

@@ -142,8 +142,16 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     for (int64_t e = 0; e < local_experts(); ++e) {
       const int64_t global = first_expert() + e;
       const std::string ep = block + "experts." + std::to_string(global) + ".";
-      const ExpertWeights w = ex.weights(e);
-      Tensor w13_e = w.w13_FD, w2_e = w.w2_DF;
+      // Quantized experts list placeholders: they are frozen, and widening
+      // every expert for a listing would cost what the codes save.
+      Tensor w13_e, w2_e;
+      if (ex.quantized()) {
+        w13_e = ex.param_or_placeholder("w13").select(e);
+        w2_e = ex.param_or_placeholder("w2").select(e);
+      } else {
+        const ExpertWeights w = ex.weights(e);
+        w13_e = w.w13_FD, w2_e = w.w2_DF;
+      }
       Tensor g13_e = g13.defined() ? g13.select(e) : Tensor();
       Tensor g2_e = g2.defined() ? g2.select(e) : Tensor();
       out.push_back({{ep + names[0] + ".weight", HfRole::expert, slice(w13_e, 0, F),
@@ -192,7 +200,8 @@ void CausalLM::gpt_oss_moe_slots(std::vector<Slot>& out, const std::string& bloc
                                                        {"down_proj_bias", "b2"}};
   for (auto [hf, ours] : parts) {
     const bool matrix = ours[0] == 'w';
-    ModelParam param{ep + hf, matrix ? HfRole::expert : HfRole::bias, ex.param(ours),
+    ModelParam param{ep + hf, matrix ? HfRole::expert : HfRole::bias,
+                     std::as_const(ex).param_or_placeholder(ours),
                      with_grads && on ? ex.grad(ours) : Tensor(), on};
     param.hf_transposed = matrix;
     out.push_back({std::move(param), set_experts});

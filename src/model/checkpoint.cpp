@@ -353,7 +353,15 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
     const int64_t El = local_experts(), F = config_.moe_intermediate_size;
     const bool mixtral = config_.family == ModelFamily::mixtral;
     const std::string fused = p + "mlp.experts.";
-    if (config_.gpt_oss()) {  // x-major on disk: transposed copies, at the stored width
+    if (config_.gpt_oss()) {
+      // MXFP4 experts stay as stored, read in place by the f32 and bf16
+      // kernels ([E, out, in] rows already); f64 runs decode them.
+      if (stores_mxfp4(ck, fused + "gate_up_proj") && c != DType::f64) {
+        ex.bind_quantized_weights(mxfp4_matrices(ck, fused + "gate_up_proj", first_expert(), El),
+                                  mxfp4_matrices(ck, fused + "down_proj", first_expert(), El));
+        continue;
+      }
+      // x-major on disk: transposed copies, at the stored width.
       ex.bind_weights(transposed_matrix(ck, fused + "gate_up_proj", c),
                       transposed_matrix(ck, fused + "down_proj", c));
       continue;

@@ -61,6 +61,9 @@ MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& d
 MoeBlock::~MoeBlock() = default;
 
 void MoeBlock::set_experts_requires_grad(bool on) {
+  TIERMOE_CHECK(!(on && experts_.quantized()), "quantized experts are frozen",
+                experts_.name(),
+                "train LoRA adapters on them; full fine-tuning needs them in the compute dtype");
   // Expert grads are allocated on first use (backward, params()).
   experts_grad_ = on;
   if (!on) experts_.free_grads();

@@ -191,6 +191,12 @@ const Tensor& GroupedExperts::param(std::string_view name) const {
               "expert parameters are w13, w2 (+ b13, b2 with bias, norm with post_norm)");
 }
 
+const Tensor& GroupedExperts::param_or_placeholder(std::string_view name) const {
+  if (quantized() && name == "w13") return w13_EFD;
+  if (quantized() && name == "w2") return w2_EDF;
+  return param(name);
+}
+
 Tensor& GroupedExperts::grad(std::string_view name) {
   allocate_grads();
   return const_cast<Tensor&>(std::as_const(*this).grad(name));

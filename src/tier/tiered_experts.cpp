@@ -185,6 +185,8 @@ void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
     upload_tensor(*device_, on_device.b13_F, w.b13_F);
     upload_tensor(*device_, on_device.b2_D, w.b2_D);
   }
+  // Quantized experts' weights(e) are dequantized copies, which die here.
+  if (experts_->quantized()) device_->sync();
 }
 
 size_t TieredExperts::upload_weights() {

@@ -146,6 +146,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // Parameters, adapters, gradients, optimizer state.
   const bool mapped = lora && stored.has_value();
   const bool quantized = cfg.experts.has_value();  // the routed experts at int4/int8
+  // gpt-oss's MXFP4 experts stay as stored, mapped, in frozen f32/bf16 runs.
+  const bool mxfp4_kept = mapped && c.quant_method == "mxfp4" && dt != DType::f64;
   // Such a run keeps the matrices at their stored width when it is no wider
   // than the run's; narrower ones are widened by the products (*_mixed).
   const bool keep_stored = mapped && is_narrower_or_same(stored->dtype, dt);
@@ -168,6 +170,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
       // quantizing released before the run's first step.
       at(p, MemTag::weights) += n * size_t(quant_code_bits(*cfg.experts)) / 8 +
                                 (n + size_t(cfg.experts_group) - 1) / size_t(cfg.experts_group) * 4;
+    } else if (mxfp4_kept && t.role == HfRole::expert) {
+      at(p, MemTag::mapped) += n / 2 + n / 32;  // E2M1 codes and E8M0 scales
     } else if (mapped && is_matrix(t.role)) {
       const DType kept_as = keep_stored ? stored->dtype : dt;
       at(p, keep_stored ? MemTag::mapped : MemTag::weights) += n * dtype_size(kept_as);
@@ -218,7 +222,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // before it).
   // Quantized experts run on the grouped kernels too, read as stored.
   const bool packable =
-      quantized || !keep_stored || PackedWeights::reads(stored->dtype, dt);
+      quantized || mxfp4_kept || !keep_stored || PackedWeights::reads(stored->dtype, dt);
   const bool grouped =
       lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && packable;
   int64_t packed_layers = 0;
@@ -230,8 +234,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     uint64_t left = host_memory_available();
     for (size_t b : p.peak) left -= std::min<uint64_t>(left, b);
     for (int64_t l = 0;
-         l < c.num_moe_layers() && (quantized || ExpertPacks::packs_fit(stack, left)); ++l) {
-      if (quantized) {
+         l < c.num_moe_layers() && (quantized || mxfp4_kept || ExpertPacks::packs_fit(stack, left));
+         ++l) {
+      if (quantized || mxfp4_kept) {
         ++packed_layers;
         continue;
       }

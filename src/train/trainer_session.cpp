@@ -292,10 +292,11 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
          << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning")
          << ", " << count_trainable(trainer.parameters()) << " trainable parameters\n";
     if (model.config().quant_method == "mxfp4") {
-      *log << "train: the MXFP4 experts are decoded at load, to "
-           << (config.lora && config.dtype != DType::f64 ? "bf16 (exact)"
-                                                         : dtype_name(config.dtype))
-           << ": TierMoE does not yet keep them at 4 bits\n";
+      *log << (config.lora && config.dtype != DType::f64
+                   ? std::string("train: the MXFP4 experts stay at 4 bits, read in place\n")
+                   : str_of("train: the MXFP4 experts are decoded at load, to ",
+                            dtype_name(config.dtype),
+                            config.lora ? " (f64 runs)\n" : " (full fine-tuning trains them)\n"));
     }
     *log << "train: data " << data.source() << " ("
          << (data.summary().empty() ? str_of(data.size(), " tokens") : data.summary()) << ")";

@@ -86,6 +86,31 @@ TEST_F(CliTrainTier, GptOssOnTheCpuDeviceGivesTheHostLosses) {
   }
 }
 
+// Experts kept at int4 (dequantized for their uploads) on the device tier
+// give the host's losses: SwiGLU experts and gpt-oss's biased, clamped ones. (An upload that outlived its
+// dequantized source once let the device compute with freed memory.)
+TEST_F(CliTrainTier, QuantizedExpertsOnTheCpuDeviceGiveTheHostLosses) {
+  // Every expert placed on the device (the cost model's choice depends on
+  // timings; the placement's moves are the Python tests' and TierParity's).
+  for (const char* preset : {"tiny", "tiny-gpt-oss"}) {
+    SCOPED_TRACE(preset);
+    const std::vector<std::string> how = {"--preset", preset, "--lora-rank", "2", "--dtype",
+                                          "bf16", "--experts", "int4", "--experts-group", "32"};
+    const RunResult host = run(tier_quick(how));
+    ASSERT_EQ(host.rc, 0) << host.err;
+    std::vector<std::string> dev_args = how;
+    for (const char* a : {"--device", "cpu", "--device-memory", "8MiB", "--placement", "device"}) {
+      dev_args.push_back(a);
+    }
+    const RunResult dev = run(tier_quick(dev_args));
+    ASSERT_EQ(dev.rc, 0) << dev.err;
+    const json d = last_json_line(dev.out);
+    EXPECT_EQ(last_json_line(host.out).at("losses"), d.at("losses"));
+    EXPECT_GT(d.at("device_calls").get<int64_t>(), 0);
+    EXPECT_TRUE(contains(host.err, "experts: int4 g32, frozen")) << host.err;
+  }
+}
+
 // DeepSeek-V3's MoE (sigmoid router with its correction bias, the shared
 // expert beside the routed ones) around latent attention: the device tier
 // gives the host's losses, fully trained in bf16 and under LoRA.

@@ -11,9 +11,11 @@
 // Decoded rows are [E, out, in]: gpt-oss's gate_up_proj comes out [E, 2F, D]
 // (gate and up interleaved along 2F), TierMoE's w13 layout, with no transpose.
 #include <string>
+#include <vector>
 
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/kernels/quant.h"
 
 namespace tiermoe {
 
@@ -23,8 +25,12 @@ bool stores_mxfp4(const CheckpointTensors& ck, const std::string& name);
 // throws naming the tensor unless they are U8 of matching shapes.
 Shape mxfp4_shape(const CheckpointTensors& ck, const std::string& name);
 // Decodes matrix `name` into a new tensor of `dtype` (every MXFP4 value is
-// exact in bf16, f32 and f64).
+// exact in bf16, f32 and f64). The reference decode.
 Tensor load_mxfp4(const CheckpointTensors& ck, const std::string& name, DType dtype,
                   MemTag tag = MemTag::weights);
+// Experts [first, first + count) of matrix `name` kept as stored
+// (kernels/quant.h): views of the mapped blocks and scales, no copy.
+std::vector<QuantMatrix> mxfp4_matrices(const CheckpointTensors& ck, const std::string& name,
+                                        int64_t first, int64_t count);
 
 }  // namespace tiermoe

@@ -49,6 +49,9 @@ class SafetensorsFile {
   const SafetensorsEntry& entry(const std::string& name) const;  // throws naming file and tensor
   std::span<const std::byte> bytes(const std::string& name) const;
   uint64_t file_size() const;
+  // Keeps the file mapped: the owner of views of bytes(), which stay valid
+  // as long as any holder of it lives.
+  std::shared_ptr<const void> mapping() const { return map_; }
 
   // A zero-copy view of an F64, F32 or BF16 tensor (it keeps the mapping
   // alive). The mapping is copy-on-write: writing into a view never changes

@@ -60,6 +60,8 @@ struct Weight {
 struct ModelParam {
   std::string name;
   HfRole role;
+  // The weight; for experts kept quantized (GroupedExperts::quantized) a
+  // placeholder of the widened shape with no memory, never trainable.
   Tensor value;
   Tensor grad;
   bool requires_grad = true;

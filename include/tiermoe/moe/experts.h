@@ -147,6 +147,10 @@ class GroupedExperts {
   std::vector<std::string> param_names() const;
   Tensor& param(std::string_view name);
   const Tensor& param(std::string_view name) const;
+  // param(name), except for W13 and W2 of quantized experts: a placeholder
+  // of their widened stacked shape and dtype, with no memory (they are
+  // frozen; parameter listings show it, nothing may read it).
+  const Tensor& param_or_placeholder(std::string_view name) const;
   Tensor& grad(std::string_view name);  // same shape, grad_dtype(); accumulated with +=
   const Tensor& grad(std::string_view name) const;  // Error before the grads exist
   void zero_grad();
