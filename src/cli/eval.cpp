@@ -48,6 +48,8 @@ struct EvalOptions {
   std::string save_grads;  // empty: no backward
   bool no_packing = false;
   int64_t lm_head_chunk = kDefaultLmHeadChunk;
+  std::string experts;  // int4 | int8: the routed experts quantized at load
+  int64_t experts_group = 128;
   bool json = false;
 };
 
@@ -108,15 +110,30 @@ void run_eval(const EvalOptions& o) {
   // a LoRA run does (an f32 eval of a bf16 checkpoint held every matrix
   // widened: 912 MB more at vocab 151,936); --save-grads needs them as
   // parameters of --dtype.
-  const WeightBinding binding = o.save_grads.empty() ? WeightBinding::mapped : WeightBinding::copy;
+  const bool grad_run = !o.save_grads.empty();
+  const WeightBinding binding = grad_run ? WeightBinding::copy : WeightBinding::mapped;
   CausalLM model = CausalLM::from_checkpoint(o.model, dtype, nullptr, binding, stderr_progress());
   model.set_lm_head_chunk(o.lm_head_chunk);
+  if (!o.experts.empty()) {
+    // The routed experts as a LoRA run over them holds them (train --experts).
+    const QuantFormat f = parse_quant_format(o.experts, "--experts");
+    TIERMOE_CHECK(f == QuantFormat::int4 || f == QuantFormat::int8,
+                  str_of("--experts ", o.experts, " is read from checkpoints, not made at load"),
+                  "--experts", "quantize at load to int4 or int8");
+    TIERMOE_CHECK(!grad_run && dtype != DType::f64,
+                  "--experts evaluates the f32 and bf16 kernels over frozen quantized experts",
+                  "--experts", "drop --save-grads and use --dtype bf16 or f32");
+    model.set_requires_grad_all(false);
+    const auto [before, after] = model.quantize_experts(f, o.experts_group);
+    std::cerr << "eval: experts " << o.experts << " g" << o.experts_group << ", "
+              << format_size(uint64_t(before)) << " -> " << format_size(uint64_t(after)) << "\n";
+  }
   std::cerr << "eval: " << o.model << " (" << config.model_type << ", " << config.num_hidden_layers
             << " layers) in " << dtype_name(dtype) << " on " << o.batch << " x " << o.seq_len
             << " tokens of " << o.data
             << (rows->summary().empty() ? "" : " (" + rows->summary() + ")") << "\n";
 
-  const bool grad = !o.save_grads.empty();
+  const bool grad = grad_run;
   if (batch.seq_len < o.seq_len) {
     std::cerr << "eval: the rows' padding past token " << batch.seq_len << " is skipped\n";
   }
@@ -176,6 +193,12 @@ void add_eval_command(CLI::App& app) {
       ->check(count_in(0, kMaxCount));
   cmd->add_option("--dtype", o->dtype, "Compute dtype, and the gradient file's: f64|f32|bf16")
       ->capture_default_str();
+  cmd->add_option("--experts", o->experts,
+                  "Evaluate with the routed experts quantized at load to int4|int8 (as train "
+                  "--experts holds them)");
+  cmd->add_option("--experts-group", o->experts_group, "Columns per scale of --experts")
+      ->capture_default_str()
+      ->check(count_in(1, kMaxCount));
   cmd->add_option("--save-grads", o->save_grads,
                   "Write d(loss)/d(parameter) under Hugging Face names to this .safetensors file");
   cmd->add_flag("--json", o->json, "Print one JSON object on stdout");

@@ -138,8 +138,8 @@ void prefetch_next_codes(const QuantPanels& c, int64_t j, int64_t k0, int64_t kc
   for (int64_t k = k0 + kc; k < std::min(l.Kb, k0 + 2 * kc); ++k) prefetch_codes(*c.q, k, j, n);
 }
 
-void pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, int64_t kc,
-                      void* dst) {
+const void* pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, int64_t kc,
+                             void* dst) {
   const QuantPanels& c = *static_cast<const QuantPanels*>(ctx);
   const int64_t nr = c.uk->nr, nc = gemm::block_cols(*c.uk);
   const auto [first, valid] = panel_lines(*c.l, nr, j);
@@ -156,7 +156,7 @@ void pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, 
   if (c.l->rs == 1 && c.uk->b == gemm::BPack::bf16_pairs &&
       cpu::nibble_pairs_apply(*c.q, k0, kk, nr)) {
     cpu::pack_nibble_pairs(*c.q, first, valid, k0, kk, kc, nr, dst);
-    return;
+    return dst;
   }
   if (c.l->rs == 1) {  // forward: B(k, x) = w[first + x, k], a panel's rows decoded
     constexpr int64_t kCap = 64 * gemm::kKc;
@@ -167,30 +167,40 @@ void pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64_t k0, 
     }
     const gemm::Mat src{lines, 1, kc, f32 ? DType::f32 : DType::bf16};
     gemm::pack_b(*c.uk, src, 0, valid, 0, kc, kk, dst);
-    return;
+    return dst;
   }
   // dx: B(k, x) = w[k, first + x]. A panel spans a short run of each weight
-  // row, so the block of columns it belongs to is decoded whole on its first
-  // panel, row run by row run (a scale's table serves the whole run), and
-  // its other panels pack from that.
+  // row, so the block of columns it belongs to is expanded whole on its
+  // first panel, row run by row run (a scale's table serves the whole run):
+  // straight into the block's bf16-pair panels where the AVX-512 expansion
+  // takes them, else decoded, each panel then packed from that.
   struct Block {
     uint64_t call = 0;
     const uint8_t* codes = nullptr;
     int64_t k0 = -1, j0 = -1;
-    std::vector<char> values;  // [kk][nc]
+    bool panels = false;       // values holds the block's packed panels
+    std::vector<char> values;  // [kk][nc] decoded, or [nc / nr] packed panels
   };
   thread_local Block block;
   const int64_t j0 = j / nc * nc, width = std::min(nc, c.l->Nb - j0);
   if (block.call != c.call || block.codes != c.q->codes || block.k0 != k0 || block.j0 != j0) {
     block.values.resize(size_t(gemm::kKc * nc) * 4);  // grows once per thread
-    for (int64_t k = 0; k < kk; ++k) {
-      decode(k0 + k, j0, width, block.values.data() + size_t(k * nc) * es);
+    block.panels = c.uk->b == gemm::BPack::bf16_pairs &&
+                   cpu::nibble_pairs_dx_apply(*c.q, j0, width, nr);
+    if (block.panels) {
+      cpu::pack_nibble_pairs_dx(*c.q, k0, kk, kc, j0, width, nr, block.values.data());
+    } else {
+      for (int64_t k = 0; k < kk; ++k) {
+        decode(k0 + k, j0, width, block.values.data() + size_t(k * nc) * es);
+      }
     }
     block.call = c.call, block.codes = c.q->codes, block.k0 = k0, block.j0 = j0;
   }
+  if (block.panels) return block.values.data() + (j - j0) / nr * gemm::b_panel_bytes(*c.uk, kc);
   const gemm::Mat src{block.values.data() + size_t(first - j0) * es, nc, 1,
                       f32 ? DType::f32 : DType::bf16};
   gemm::pack_b(*c.uk, src, 0, valid, 0, kc, kk, dst);
+  return dst;
 }
 
 // The buffer of G groups' panels: whole bf16 elements, at least one.

@@ -23,4 +23,14 @@ bool nibble_pairs_apply(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t nr
 void pack_nibble_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64_t k0, int64_t kk,
                        int64_t kc, int64_t nr, void* dst);
 
+// The dx orientation (B = W: weight rows are k, weight columns the panels'
+// columns): whether pack_nibble_pairs_dx takes the block of columns [j0,
+// j0 + width) of q, and the block's panels, one after another
+// ([width / nr][kc/2][nr] dwords), over weight rows [k0, k0 + kk), zero
+// past kk. Each run of 32 columns of two rows is looked up and interleaved
+// into pairs, no transpose.
+bool nibble_pairs_dx_apply(const QuantMatrix& q, int64_t j0, int64_t width, int64_t nr);
+void pack_nibble_pairs_dx(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t kc, int64_t j0,
+                          int64_t width, int64_t nr, void* dst);
+
 }  // namespace tiermoe::cpu

@@ -113,4 +113,43 @@ void pack_nibble_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64
   }
 }
 
+bool nibble_pairs_dx_apply(const QuantMatrix& q, int64_t j0, int64_t width, int64_t nr) {
+  const bool nibbles = q.format == QuantFormat::int4 || q.format == QuantFormat::mxfp4;
+  return nibbles && q.group % 32 == 0 && j0 % 32 == 0 && width % 32 == 0 && nr % 32 == 0 &&
+         width % nr == 0 && has_avx512bw();
+}
+
+void pack_nibble_pairs_dx(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t kc, int64_t j0,
+                          int64_t width, int64_t nr, void* dst_v) {
+  auto* dst = static_cast<int32_t*>(dst_v);
+  const int64_t panel_dwords = kc / 2 * nr;
+  for (int64_t k = k0; k < k0 + kk; k += 2) {
+    const bool second = k + 1 < k0 + kk;
+    const int64_t p = (k - k0) / 2;
+    __m512i table[2];
+    for (int64_t c = j0; c < j0 + width; c += 32) {
+      if (c == j0 || c % q.group == 0) {
+        table[0] = table_of(q, k, c / q.group);
+        if (second) table[1] = table_of(q, k + 1, c / q.group);
+      }
+      // Rows k and k + 1 over columns [c, c + 32), in order, 16 bf16 pairs
+      // of columns each; interleaved into (k, k + 1) pairs per column.
+      const __m512i a = pairs_of(q.codes + k * q.code_stride + c / 2, table[0]);
+      const __m512i b = second ? pairs_of(q.codes + (k + 1) * q.code_stride + c / 2, table[1])
+                               : _mm512_setzero_si512();
+      const __m512i lo = _mm512_unpacklo_epi16(a, b), hi = _mm512_unpackhi_epi16(a, b);
+      const __m512i t0 = _mm512_shuffle_i32x4(lo, hi, 0x44), t1 = _mm512_shuffle_i32x4(lo, hi, 0xee);
+      const int64_t x = c - j0;
+      int32_t* out = dst + (x / nr) * panel_dwords + p * nr + x % nr;
+      _mm512_storeu_si512(out, _mm512_shuffle_i32x4(t0, t0, 0xd8));
+      _mm512_storeu_si512(out + 16, _mm512_shuffle_i32x4(t1, t1, 0xd8));
+    }
+  }
+  for (int64_t p = (kk + 1) / 2; p < kc / 2; ++p) {
+    for (int64_t x = 0; x < width; x += 16) {
+      _mm512_storeu_si512(dst + (x / nr) * panel_dwords + p * nr + x % nr, _mm512_setzero_si512());
+    }
+  }
+}
+
 }  // namespace tiermoe::cpu

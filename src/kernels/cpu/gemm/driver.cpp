@@ -113,11 +113,11 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
           } else {
             const int64_t n = std::min(nr, jb + bcols - j);
             if (p.b_source) {
-              p.b_source->pack(p.b_source->ctx, j, n, k0, kc, b_pack + jp * b_bytes);
+              b_panel = p.b_source->pack(p.b_source->ctx, j, n, k0, kc, b_pack + jp * b_bytes);
             } else {
               pack_b(uk, p.b, j, n, k0, kc, p.K, b_pack + jp * b_bytes);
+              b_panel = b_pack + jp * b_bytes;
             }
-            b_panel = b_pack + jp * b_bytes;
           }
           // The B panel stays in L1 while the block's A panels stream past
           // it. A prepacked B (a weight) comes from memory, each panel of it

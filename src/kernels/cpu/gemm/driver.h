@@ -10,12 +10,14 @@
 
 namespace tiermoe::cpu::gemm {
 
-// B's panels written by the caller, on the fly (weights stored quantized):
-// pack(ctx, j0, cols, k0, kc, dst) writes what pack_b(uk, b, j0, cols, k0,
-// kc, K, dst) would write for the B it stands for.
+// B's panels made by the caller, on the fly (weights stored quantized):
+// pack(ctx, j0, cols, k0, kc, dst) returns the panel pack_b(uk, b, j0, cols,
+// k0, kc, K, dst) would write for the B it stands for: written into dst, or
+// in a buffer of the source's own that stays valid until its next call on
+// this thread.
 struct BSource {
-  void (*pack)(const void* ctx, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
-               void* dst) = nullptr;
+  const void* (*pack)(const void* ctx, int64_t j0, int64_t cols, int64_t k0, int64_t kc,
+                      void* dst) = nullptr;
   const void* ctx = nullptr;
 };
 
