@@ -75,6 +75,8 @@ void GroupedExperts::bind_weights(Tensor w13, Tensor w2) {
   w2_EDF = std::move(w2);
   w13_e_.clear();
   w2_e_.clear();
+  q13_.clear();
+  q2_.clear();
 }
 
 void GroupedExperts::bind_expert_weights(int64_t e, Tensor w13, Tensor w2) {
@@ -91,6 +93,13 @@ void GroupedExperts::bind_expert_weights(int64_t e, Tensor w13, Tensor w2) {
   }
   w13_e_[size_t(e)] = std::move(w13);
   w2_e_[size_t(e)] = std::move(w2);
+  if (quantized()) {
+    // Widened weights replace quantized ones: every expert must be bound
+    // again (the others keep placeholders until then).
+    q13_.clear();
+    q2_.clear();
+  }
+  weights_changed();
 }
 
 void GroupedExperts::bind_quantized_weights(std::vector<QuantMatrix> w13, std::vector<QuantMatrix> w2) {
