@@ -429,6 +429,12 @@ std::vector<std::string> ways_to_fit(const TrainConfig& config, const ModelConfi
     c.lora = LoraConfig{};
     consider(c, "LoRA instead of full fine-tuning (--lora-rank 8)");
   }
+  // The frozen routed experts at 4 bits (a LoRA run's; f32 and bf16).
+  if (config.lora && !config.experts && model.num_experts > 0 && config.dtype != DType::f64) {
+    TrainConfig c = config;
+    c.experts = QuantFormat::int4;
+    consider(c, "the routed experts at 4 bits (--experts int4)");
+  }
   if (config.dtype == DType::f32 && !config.lora) {
     TrainConfig c = config;
     c.dtype = DType::bf16;

@@ -256,6 +256,31 @@ TEST(MemoryPlan, ARunThatCannotFitIsRefusedBeforeLoadingWithWhatWouldFit) {
   }
 }
 
+// Experts kept at int4 or int8 are planned as their codes and scales, with
+// no packed copies, within 10% of the measured peaks; a LoRA run that fits
+// only so is refused naming --experts int4.
+TEST(MemoryPlan, QuantizedExpertsArePlannedAsTheirCodes) {
+  set_num_threads(1);
+  for (QuantFormat f : {QuantFormat::int4, QuantFormat::int8}) {
+    TrainConfig c = config_of({"small", true, DType::bf16, "none", 2, 128, false});
+    c.experts = f;
+    c.experts_group = 32;
+    const TrainSummary s = run_training(c, RunControl{});
+    expect_within_10_percent(s.memory_plan, std::string(quant_format_name(f)));
+  }
+  set_num_threads(0);
+  TrainConfig c = config_of({"small", true, DType::bf16, "none", 2, 128, false});
+  const size_t widened = plan_memory(c, preset("small")).total();
+  TrainConfig q = c;
+  q.experts = QuantFormat::int4;
+  const size_t int4 = plan_memory(q, preset("small")).total();
+  ASSERT_LT(int4, widened);
+  RunControl control;
+  control.max_memory = (widened + int4) / 2;
+  EXPECT_TRUE(throws_error_with([&] { run_training(c, control); },
+                                {"more than --max-memory", "--experts int4"}));
+}
+
 TEST(MemoryPlan, NothingFitsSaysSo) {
   TrainConfig c = config_of({"small", true, DType::f32, "none", 1, 16});
   RunControl control;
