@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
@@ -228,25 +229,36 @@ QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group, 
   owned->scales = Tensor::empty({N * q.scale_stride}, DType::f32, tag);
   uint8_t* codes = static_cast<uint8_t*>(owned->codes.raw());
   float* scales = owned->scales.data<float>();
-  const Tensor w = w_NK.dtype() == DType::f64 ? w_NK : w_NK.to(DType::f64);
-  const double* src = w.data<double>();
+  // Row by row as f32 (an f64 weight rounded to f32 first), each group's
+  // loops plain enough to vectorize.
   parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> x(static_cast<size_t>(K));
+    std::vector<int32_t> v(static_cast<size_t>(group));
     for (int64_t r = r0; r < r1; ++r) {
+      visit_dtype(w_NK.dtype(), [&]<class T>() {
+        const T* src = w_NK.data<T>() + r * K;
+        for (int64_t c = 0; c < K; ++c) x[size_t(c)] = float(load<T>(src[c]));
+      });
+      uint8_t* row = codes + r * q.code_stride;
       for (int64_t g = 0; g < q.scale_stride; ++g) {
-        const int64_t c0 = g * group, c1 = std::min(K, c0 + group);
-        double amax = 0;
-        for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::abs(src[r * K + c]));
-        float s = bf16_to_float(float_to_bf16(float(amax / half_range)));
+        const int64_t c0 = g * group, n = std::min(K, c0 + group) - c0;
+        const float* xg = x.data() + c0;
+        float amax = 0;
+        for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::abs(xg[i]));
+        float s = bf16_to_float(float_to_bf16(float(double(amax) / double(half_range))));
         if (s == 0.f) s = bf16_to_float(bf16{1});  // the smallest positive bf16
         scales[r * q.scale_stride + g] = s;
-        for (int64_t c = c0; c < c1; ++c) {
-          const int v = std::clamp(int(std::nearbyint(float(src[r * K + c]) / s)), qmin, qmax);
-          uint8_t* row = codes + r * q.code_stride;
-          if (int4) {
-            row[c / 2] |= uint8_t((v + 8) << ((c & 1) * 4));
-          } else {
-            row[c] = uint8_t(int8_t(v));
+        for (int64_t i = 0; i < n; ++i) {
+          v[size_t(i)] = std::clamp(int32_t(__builtin_nearbyintf(xg[i] / s)), qmin, qmax);
+        }
+        if (int4) {
+          // c0 is even unless the group is odd: nibbles one at a time then.
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t c = c0 + i;
+            row[c / 2] |= uint8_t((v[size_t(i)] + 8) << ((c & 1) * 4));
           }
+        } else {
+          for (int64_t i = 0; i < n; ++i) row[c0 + i] = uint8_t(int8_t(v[size_t(i)]));
         }
       }
     }

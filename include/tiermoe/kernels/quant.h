@@ -82,10 +82,11 @@ void dequantize_row_bf16(const QuantMatrix& q, int64_t row, int64_t c0, int64_t 
 // nearest even, as the bf16 products round a weight while packing it).
 Tensor dequantize(const QuantMatrix& q, DType dt, MemTag tag = MemTag::activations);
 
-// Quantizes w_NK (any dtype) symmetrically per group of `group` columns to
-// int4 or int8, the rule compressed-tensors applies: scale = max|w| over the
-// group / 7.5 (int4) or / 127.5 (int8), rounded to bf16 (the scale the
-// checkpoint stores), then q = clamp(round_half_even(w / scale), qmin, qmax).
+// Quantizes w_NK (any dtype, taken as f32) symmetrically per group of
+// `group` columns to int4 or int8, the rule compressed-tensors applies:
+// scale = max|w| over the group / 7.5 (int4) or / 127.5 (int8), rounded to
+// bf16 (the scale the checkpoint stores), then q = clamp(round_half_even(w /
+// scale), qmin, qmax).
 // An all-zero group gets the smallest positive bf16 scale. Owns its bytes.
 QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group,
                          MemTag tag = MemTag::weights);
