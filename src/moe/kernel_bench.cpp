@@ -5,6 +5,7 @@
 #include <functional>
 #include <cstdio>
 #include <sstream>
+#include <string_view>
 
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
@@ -242,8 +243,8 @@ ExpertKernelBenchResult run_expert_kernel_bench(const ExpertKernelBenchOptions& 
         {"dw13", 2 * mnk, w13_bytes / sz * gsz + row_D + 5 * row_F, [&] { weight_grads(true); }},
     };
     for (const Kernel& k : kernels) {
-      const bool weight_grad = k.name[0] == 'd' && k.name[1] == 'w';
-      if (opt.quant && weight_grad) continue;  // quantized weights are frozen
+      // Quantized weights are frozen: no weight gradients (dw2, dw13).
+      if (opt.quant && std::string_view(k.name).starts_with("dw")) continue;
       k.run();  // warm-up: scratch, caches
       std::vector<double> times;
       for (int it = 0; it < opt.iters; ++it) {

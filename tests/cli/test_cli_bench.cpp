@@ -68,5 +68,22 @@ TEST_F(Cli, BenchPeakJsonNamesIsaThreadsAndBothPeaks) {
   EXPECT_TRUE(contains(r.err, "--threads")) << r.err;
 }
 
+// bench expert-kernels over stored int4 weights: the four products only (the
+// frozen experts have no weight gradients), their bytes the codes and
+// scales; an unknown format is refused naming the flag.
+TEST_F(Cli, BenchExpertKernelsOverQuantizedWeights) {
+  RunResult r = run({"bench", "expert-kernels", "--preset", "tiny", "--experts", "int4", "--group",
+                     "32", "--rows", "4", "--iters", "1", "--threads", "1", "--json"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  const nlohmann::json j = last_json_line(r.out);
+  EXPECT_EQ(j["weights"], "int4 g32");
+  std::vector<std::string> kernels;
+  for (const auto& k : j["kernels"]) kernels.push_back(k["kernel"].get<std::string>());
+  EXPECT_EQ(kernels, (std::vector<std::string>{"w13_glu", "w2", "w2_dx", "w13_dx"}));
+  r = run({"bench", "expert-kernels", "--preset", "tiny", "--experts", "nf4"});
+  EXPECT_NE(r.rc, 0);
+  EXPECT_TRUE(contains(r.err, "--experts")) << r.err;
+}
+
 }  // namespace
 }  // namespace tiermoe
