@@ -251,8 +251,15 @@ QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group, 
         for (int64_t i = 0; i < n; ++i) {
           v[size_t(i)] = std::clamp(int32_t(__builtin_nearbyintf(xg[i] / s)), qmin, qmax);
         }
-        if (int4) {
-          // c0 is even unless the group is odd: nibbles one at a time then.
+        if (int4 && c0 % 2 == 0) {
+          // Two codes a byte, the first in the low nibble; an odd tail's
+          // last code alone.
+          uint8_t* b = row + c0 / 2;
+          for (int64_t i = 0; i + 1 < n; i += 2) {
+            b[i / 2] = uint8_t((v[size_t(i)] + 8) | ((v[size_t(i) + 1] + 8) << 4));
+          }
+          if (n % 2) b[n / 2] = uint8_t(v[size_t(n) - 1] + 8);
+        } else if (int4) {  // an odd group: nibbles one at a time
           for (int64_t i = 0; i < n; ++i) {
             const int64_t c = c0 + i;
             row[c / 2] |= uint8_t((v[size_t(i)] + 8) << ((c & 1) * 4));

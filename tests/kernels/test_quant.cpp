@@ -181,20 +181,22 @@ TEST(Quant, Bf16RowDecodeEqualsOracle) {
 TEST(Quant, IntQuantizerBounds) {
   Rng rng(11);
   const Tensor w = random_tensor({9, 70}, DType::f32, rng, 2.0);  // a partial last group
-  for (QuantFormat f : {QuantFormat::int4, QuantFormat::int8}) {
-    const QuantMatrix q = quantize_int(w, f, 32);
-    EXPECT_EQ(q.scale_cols(), 3);
+  // Group 32, and 5: odd groups, half of them starting mid-byte.
+  for (const auto [f, group] : {std::pair{QuantFormat::int4, 32}, std::pair{QuantFormat::int8, 32},
+                                std::pair{QuantFormat::int4, 5}}) {
+    const QuantMatrix q = quantize_int(w, f, group);
+    EXPECT_EQ(q.scale_cols(), (70 + group - 1) / group);
     const Tensor d = dequantize(q, DType::f64);
     const float* s = static_cast<const float*>(q.scales);
     for (int64_t r = 0; r < 9; ++r) {
       for (int64_t c = 0; c < 70; ++c) {
-        const double scale = s[r * q.scale_stride + c / 32];
+        const double scale = s[r * q.scale_stride + c / group];
         EXPECT_EQ(double(bf16_to_float(float_to_bf16(float(scale)))), scale);  // a bf16 scale
         // Half a step, plus what the scale's rounding to bf16 (2^-9
         // relative) moves the largest codes, which may then saturate.
         const double x = w.get(r * 70 + c);
         EXPECT_LE(std::abs(d.get(r * 70 + c) - x), scale * 0.5 + std::abs(x) * 0x1p-8)
-            << quant_format_name(f) << " at " << r << ", " << c;
+            << quant_format_name(f) << " g" << group << " at " << r << ", " << c;
       }
     }
   }
