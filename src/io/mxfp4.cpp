@@ -13,9 +13,6 @@ namespace {
 using detail::str_of;
 
 constexpr int64_t kBlock = 32;  // values per scale
-constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-
 // Keeps the blocks' and scales' mappings alive for the matrices viewing
 // them, and counts their bytes under MemTag::mapped while any of them lives.
 struct MappedCodes {
@@ -75,8 +72,8 @@ Tensor load_mxfp4(const CheckpointTensors& ck, const std::string& name, DType dt
         const int exp = int(std::to_integer<uint8_t>(scales[size_t(g)])) - 127;
         for (int64_t j = 0; j < kBlock / 2; ++j) {
           const uint8_t byte = std::to_integer<uint8_t>(blocks[size_t(g * kBlock / 2 + j)]);
-          dst[g * kBlock + 2 * j] = store<T>(A(std::ldexp(A(kE2m1[byte & 15]), exp)));
-          dst[g * kBlock + 2 * j + 1] = store<T>(A(std::ldexp(A(kE2m1[byte >> 4]), exp)));
+          dst[g * kBlock + 2 * j] = store<T>(A(std::ldexp(A(kE2m1Values[byte & 15]), exp)));
+          dst[g * kBlock + 2 * j + 1] = store<T>(A(std::ldexp(A(kE2m1Values[byte >> 4]), exp)));
         }
       }
     });

@@ -19,9 +19,6 @@ using detail::str_of;
 
 namespace {
 
-constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-
 // float8_e4m3fn: 1 sign, 4 exponent (bias 7), 3 mantissa bits; no
 // infinities, S.1111.111 is NaN, subnormals at exponent 0.
 float fp8_e4m3_value(uint8_t b) {
@@ -52,7 +49,7 @@ float code_value(QuantFormat f, const uint8_t* row_codes, int64_t col) {
       return float(int8_t(row_codes[col]));
     case QuantFormat::mxfp4: {
       const uint8_t byte = row_codes[col / 2];
-      return kE2m1[(col & 1) ? byte >> 4 : byte & 15];
+      return kE2m1Values[(col & 1) ? byte >> 4 : byte & 15];
     }
     case QuantFormat::fp8:
       return fp8_table()[row_codes[col]];

@@ -134,13 +134,14 @@ void GroupedExperts::bind_quantized_weights(std::vector<QuantMatrix> w13, std::v
 
 int64_t GroupedExperts::weight_bytes() const {
   int64_t n = 0;
-  for (size_t e = 0; e < q13_.size(); ++e) n += q13_[e].bytes() + q2_[e].bytes();
-  if (quantized()) return n;
-  if (weights_per_expert()) {
+  if (quantized()) {
+    for (size_t e = 0; e < q13_.size(); ++e) n += q13_[e].bytes() + q2_[e].bytes();
+  } else if (weights_per_expert()) {
     for (size_t e = 0; e < w13_e_.size(); ++e) n += int64_t(w13_e_[e].nbytes() + w2_e_[e].nbytes());
-    return n;
+  } else if (w13_EFD.raw()) {
+    n = int64_t(w13_EFD.nbytes() + w2_EDF.nbytes());
   }
-  return w13_EFD.raw() ? int64_t(w13_EFD.nbytes() + w2_EDF.nbytes()) : 0;
+  return n;
 }
 
 void GroupedExperts::allocate_grads() {

@@ -34,6 +34,10 @@ namespace tiermoe {
 
 enum class QuantFormat : uint8_t { int4, int8, mxfp4, fp8 };
 
+// MXFP4's E2M1 code -> value (bit 3 the sign), before the block's 2^(e - 127).
+inline constexpr float kE2m1Values[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
+                                          -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
+
 std::string_view quant_format_name(QuantFormat f);  // "int4", "int8", "mxfp4", "fp8"
 // Parses a format name; throws naming `where` otherwise.
 QuantFormat parse_quant_format(std::string_view s, std::string_view where);

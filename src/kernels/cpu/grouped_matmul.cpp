@@ -93,10 +93,11 @@ PanelLines panel_lines(const PackLayout& l, int64_t nr, int64_t j) {
   return {(up ? blocks.F : 0) + b * blocks.h + c, std::min(nr, blocks.width(b) - c)};
 }
 
-// A group's quantized weight as the GEMM's B source: each panel's lines
-// decoded to f32 (the dequantized weight) in a per-thread buffer, then
-// packed as pack() packs an f32 weight. Forward: a line is a weight row, k
-// along it; dx: lines are weight columns, k runs down the rows.
+// A group's quantized weight as the GEMM's B source: each panel expanded
+// from the codes into the layout pack() writes from the dequantized weight
+// (straight from the codes on AVX-512, quant_pack.h; else decoded to the
+// layout's width in a per-thread buffer, then packed). Forward: a line is a
+// weight row, k along it; dx: lines are weight columns, k runs down the rows.
 struct QuantPanels {
   const gemm::Microkernel* uk = nullptr;
   const PackLayout* l = nullptr;
@@ -154,8 +155,8 @@ const void* pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64
   };
   prefetch_next_codes(c, j, k0, kc);
   if (c.l->rs == 1 && c.uk->b == gemm::BPack::bf16_pairs &&
-      cpu::nibble_pairs_apply(*c.q, k0, kk, nr)) {
-    cpu::pack_nibble_pairs(*c.q, first, valid, k0, kk, kc, nr, dst);
+      cpu::pairs_apply(*c.q, k0, kk, nr)) {
+    cpu::pack_pairs(*c.q, first, valid, k0, kk, kc, nr, dst);
     return dst;
   }
   if (c.l->rs == 1) {  // forward: B(k, x) = w[first + x, k], a panel's rows decoded
@@ -186,9 +187,9 @@ const void* pack_quant_panel(const void* ctx, int64_t j, int64_t /*cols*/, int64
   if (block.call != c.call || block.codes != c.q->codes || block.k0 != k0 || block.j0 != j0) {
     block.values.resize(size_t(gemm::kKc * nc) * 4);  // grows once per thread
     block.panels = c.uk->b == gemm::BPack::bf16_pairs &&
-                   cpu::nibble_pairs_dx_apply(*c.q, j0, width, nr);
+                   cpu::pairs_dx_apply(*c.q, j0, width, nr);
     if (block.panels) {
-      cpu::pack_nibble_pairs_dx(*c.q, k0, kk, kc, j0, width, nr, block.values.data());
+      cpu::pack_pairs_dx(*c.q, k0, kk, kc, j0, width, nr, block.values.data());
     } else {
       for (int64_t k = 0; k < kk; ++k) {
         decode(k0 + k, j0, width, block.values.data() + size_t(k * nc) * es);

@@ -19,9 +19,6 @@ namespace {
 
 using cpu::round8_bf16;
 
-constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-
 // Two vectors of eight rounded values (each in its dword's low half) as 16
 // bf16 in order.
 __m256i narrow16(__m256i lo, __m256i hi) {
@@ -43,10 +40,10 @@ NibbleTable nibble_table(QuantFormat f, const void* scales, int64_t s) {
   } else {  // mxfp4: ldexp's value, by one product where 2^(e - 127) is a float
     const uint32_t e = static_cast<const uint8_t*>(scales)[s];
     if (e == 255) {
-      for (int c = 0; c < 16; ++c) vals[c] = std::ldexp(kE2m1[c], 128);
+      for (int c = 0; c < 16; ++c) vals[c] = std::ldexp(kE2m1Values[c], 128);
     } else {
       const float p2 = std::bit_cast<float>(e == 0 ? 0x00400000u : e << 23);
-      for (int c = 0; c < 16; ++c) vals[c] = kE2m1[c] * p2;
+      for (int c = 0; c < 16; ++c) vals[c] = kE2m1Values[c] * p2;
     }
   }
   NibbleTable t;

@@ -13,24 +13,24 @@
 
 namespace tiermoe::cpu {
 
-// Whether pack_nibble_pairs handles a forward panel of q over k in
+// Whether pack_pairs handles a forward panel of q over k in
 // [k0, k0 + kk) with nr columns: 32-aligned runs of K inside whole scale
 // groups, nr a multiple of 16, and a CPU with AVX-512 BW.
-bool nibble_pairs_apply(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t nr);
+bool pairs_apply(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t nr);
 
 // The bf16_pairs panel [kc/2][nr] (dwords) of weight rows [first, first +
 // valid) as its columns, k in [k0, k0 + kk), zero past valid and past kk.
-void pack_nibble_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64_t k0, int64_t kk,
+void pack_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64_t k0, int64_t kk,
                        int64_t kc, int64_t nr, void* dst);
 
 // The dx orientation (B = W: weight rows are k, weight columns the panels'
-// columns): whether pack_nibble_pairs_dx takes the block of columns [j0,
+// columns): whether pack_pairs_dx takes the block of columns [j0,
 // j0 + width) of q, and the block's panels, one after another
 // ([width / nr][kc/2][nr] dwords), over weight rows [k0, k0 + kk), zero
 // past kk. Each run of 32 columns of two rows is expanded and interleaved
 // into pairs, no transpose.
-bool nibble_pairs_dx_apply(const QuantMatrix& q, int64_t j0, int64_t width, int64_t nr);
-void pack_nibble_pairs_dx(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t kc, int64_t j0,
+bool pairs_dx_apply(const QuantMatrix& q, int64_t j0, int64_t width, int64_t nr);
+void pack_pairs_dx(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t kc, int64_t j0,
                           int64_t width, int64_t nr, void* dst);
 
 }  // namespace tiermoe::cpu

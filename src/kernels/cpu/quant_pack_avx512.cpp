@@ -10,9 +10,6 @@
 namespace tiermoe::cpu {
 namespace {
 
-constexpr float kE2m1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
-                             -0.f, -0.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f};
-
 // 16 floats rounded to bf16 as float_to_bf16 does (nearest even, NaN kept
 // quiet), each in the low half of its dword.
 __m512i round16_bf16(__m512 v) {
@@ -37,11 +34,11 @@ __m512i table_of(const QuantMatrix& q, int64_t row, int64_t group) {
     const uint32_t e = static_cast<const uint8_t*>(q.scales)[row * q.scale_stride + group];
     if (e == 255) {
       alignas(64) float vals[16];
-      for (int c = 0; c < 16; ++c) vals[c] = __builtin_ldexpf(kE2m1[c], 128);
+      for (int c = 0; c < 16; ++c) vals[c] = __builtin_ldexpf(kE2m1Values[c], 128);
       v = _mm512_load_ps(vals);
     } else {
       const __m512i p2 = _mm512_set1_epi32(int(e == 0 ? 0x00400000u : e << 23));
-      v = _mm512_mul_ps(_mm512_loadu_ps(kE2m1), _mm512_castsi512_ps(p2));
+      v = _mm512_mul_ps(_mm512_loadu_ps(kE2m1Values), _mm512_castsi512_ps(p2));
     }
   }
   return _mm512_castsi256_si512(_mm512_cvtepi32_epi16(round16_bf16(v)));
@@ -149,11 +146,11 @@ void transpose16(__m512i r[16]) {
 
 }  // namespace
 
-bool nibble_pairs_apply(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t nr) {
+bool pairs_apply(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t nr) {
   return q.group % 32 == 0 && k0 % 32 == 0 && kk % 32 == 0 && nr % 16 == 0 && has_avx512bw();
 }
 
-void pack_nibble_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64_t k0, int64_t kk,
+void pack_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64_t k0, int64_t kk,
                        int64_t kc, int64_t nr, void* dst_v) {
   auto* dst = static_cast<int32_t*>(dst_v);  // [kc/2][nr]
   for (int64_t x0 = 0; x0 < nr; x0 += 16) {
@@ -181,12 +178,12 @@ void pack_nibble_pairs(const QuantMatrix& q, int64_t first, int64_t valid, int64
   }
 }
 
-bool nibble_pairs_dx_apply(const QuantMatrix& q, int64_t j0, int64_t width, int64_t nr) {
+bool pairs_dx_apply(const QuantMatrix& q, int64_t j0, int64_t width, int64_t nr) {
   return q.group % 32 == 0 && j0 % 32 == 0 && width % 32 == 0 && nr % 32 == 0 &&
          width % nr == 0 && has_avx512bw();
 }
 
-void pack_nibble_pairs_dx(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t kc, int64_t j0,
+void pack_pairs_dx(const QuantMatrix& q, int64_t k0, int64_t kk, int64_t kc, int64_t j0,
                           int64_t width, int64_t nr, void* dst_v) {
   auto* dst = static_cast<int32_t*>(dst_v);
   const int64_t panel_dwords = kc / 2 * nr;
