@@ -8,6 +8,7 @@
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/files.h"
+#include "quant_config.h"
 #include "tiermoe/io/model_config.h"
 
 namespace tiermoe {
@@ -529,14 +530,7 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
     case ModelFamily::gpt_oss: parse_gpt_oss(f, c); break;
     case ModelFamily::deepseek_v3: parse_deepseek_v3(f, c); break;
   }
-  if (const Json* q = f.object("quantization_config")) {
-    c.quant_method = FieldReader(*q, path).opt_string("quant_method").value_or("");
-    TIERMOE_CHECK(
-        c.quant_method == "mxfp4" && c.gpt_oss(),
-        str_of("quantization_config asks for quant_method '", c.quant_method, "' on ", *type), path,
-        "TierMoE reads gpt-oss's MXFP4 experts (decoded at load); other quantized "
-        "checkpoints must be dequantized first (e.g. transformers' dequantize=True)");
-  }
+  if (const Json* q = f.object("quantization_config")) parse_quantization_config(*q, path, c);
   c.validate(path);
   return c;
 }

@@ -60,15 +60,17 @@ float code_value(QuantFormat f, const uint8_t* row_codes, int64_t col) {
 // Element (r, c) as the format defines it, in f32.
 float element(const QuantMatrix& q, int64_t r, int64_t c) {
   const float code = code_value(q.format, q.codes + r * q.code_stride, c);
-  const int64_t s = c / q.group;
+  const int64_t s = (r / q.row_group) * q.scale_stride + c / q.group;
   switch (q.format) {
     case QuantFormat::int4:
-    case QuantFormat::int8:
-      return code * static_cast<const float*>(q.scales)[r * q.scale_stride + s];
+    case QuantFormat::int8: {
+      const float v = code * static_cast<const float*>(q.scales)[s];
+      return q.bf16_values ? bf16_to_float(float_to_bf16(v)) : v;
+    }
     case QuantFormat::mxfp4:
-      return std::ldexp(code, int(static_cast<const uint8_t*>(q.scales)[r * q.scale_stride + s]) - 127);
+      return std::ldexp(code, int(static_cast<const uint8_t*>(q.scales)[s]) - 127);
     case QuantFormat::fp8:
-      return code * static_cast<const float*>(q.scales)[(r / 128) * q.scale_stride + s];
+      return code * static_cast<const float*>(q.scales)[s];
   }
   __builtin_unreachable();
 }
@@ -115,7 +117,9 @@ int64_t quant_bytes(QuantFormat format, int64_t rows, int64_t cols, int64_t grou
          scale_rows * ((cols + group - 1) / group) * scale_bytes(format);
 }
 
-int64_t QuantMatrix::bytes() const { return quant_bytes(format, rows, cols, group); }
+int64_t QuantMatrix::bytes() const {
+  return rows * code_row_bytes(format, cols) + scale_rows() * scale_cols() * scale_bytes(format);
+}
 
 QuantMatrix QuantMatrix::slice(int64_t e, int64_t code_bytes_per_matrix,
                                int64_t scales_per_matrix) const {
@@ -138,6 +142,9 @@ void check_quant_matrix(const QuantMatrix& q, std::string_view what) {
                 str_of("the ", fmt, " matrix has ", q.group, " columns per scale",
                        q.group != want_group ? str_of(", the format has ", want_group) : ""),
                 name, "int4/int8 groups are positive; mxfp4 blocks are 32, fp8 blocks 128");
+  const bool rows_ok = q.row_group == 1 || (q.format == QuantFormat::fp8 && q.row_group == 128);
+  TIERMOE_CHECK(rows_ok, str_of("the ", fmt, " matrix has ", q.row_group, " rows per scale"), name,
+                "fp8 blocks are 128 rows (1 once stacked off a block edge); other formats 1");
   TIERMOE_CHECK(q.code_stride >= code_row_bytes(q.format, q.cols) && q.scale_stride >= q.scale_cols(),
                 str_of("the ", fmt, " matrix [", q.rows, ", ", q.cols, "] has rows of ",
                        q.code_stride, " code bytes and ", q.scale_stride, " scales; it needs ",
@@ -172,6 +179,9 @@ void dequantize_row(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, fl
           for (int64_t i = 0; i < end - c; ++i) o[i] = float(b[i]) * s;
         }
         c = end;
+      }
+      if (q.bf16_values) {
+        for (int64_t i = 0; i < n; ++i) out[i] = bf16_to_float(float_to_bf16(out[i]));
       }
       return;
     }
@@ -212,20 +222,11 @@ QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group, 
   const bool int4 = format == QuantFormat::int4;
   const int qmin = int4 ? -8 : -128, qmax = int4 ? 7 : 127;
   const float half_range = float(qmax - qmin) / 2.f;
-  QuantMatrix q;
-  q.format = format;
-  q.rows = N, q.cols = K, q.group = group;
-  q.code_stride = code_row_bytes(format, K);
-  q.scale_stride = q.scale_cols();
-  // Tracked storage for raw bytes: f32 tensors of enough elements.
-  struct Owned {
-    Tensor codes, scales;
-  };
-  auto owned = std::make_shared<Owned>();
-  owned->codes = Tensor::zeros({(N * q.code_stride + 3) / 4}, DType::f32, tag);
-  owned->scales = Tensor::empty({N * q.scale_stride}, DType::f32, tag);
-  uint8_t* codes = static_cast<uint8_t*>(owned->codes.raw());
-  float* scales = owned->scales.data<float>();
+  QuantBuffer buf = alloc_quant_matrix(format, N, K, group, 1, tag);
+  buf.matrix.bf16_values = true;
+  const QuantMatrix& q = buf.matrix;
+  uint8_t* codes = buf.codes;
+  float* scales = static_cast<float*>(buf.scales);
   // Row by row as f32 (an f64 weight rounded to f32 first), each group's
   // loops plain enough to vectorize.
   parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
@@ -267,9 +268,71 @@ QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group, 
       }
     }
   });
-  q.codes = codes;
-  q.scales = scales;
-  q.owner = owned;
+  return buf.matrix;
+}
+
+QuantBuffer alloc_quant_matrix(QuantFormat format, int64_t rows, int64_t cols, int64_t group,
+                               int64_t row_group, MemTag tag) {
+  QuantMatrix q;
+  q.format = format;
+  q.rows = rows, q.cols = cols, q.group = group, q.row_group = row_group;
+  q.code_stride = code_row_bytes(format, cols);
+  q.scale_stride = q.scale_cols();
+  // Tracked storage for raw bytes: f32 tensors of enough elements.
+  struct Owned {
+    Tensor codes, scales;
+  };
+  auto owned = std::make_shared<Owned>();
+  owned->codes = Tensor::zeros({(rows * q.code_stride + 3) / 4}, DType::f32, tag);
+  owned->scales =
+      Tensor::zeros({(q.scale_rows() * q.scale_stride * scale_bytes(format) + 3) / 4}, DType::f32, tag);
+  QuantBuffer buf;
+  buf.codes = static_cast<uint8_t*>(owned->codes.raw());
+  buf.scales = owned->scales.raw();
+  q.codes = buf.codes;
+  q.scales = buf.scales;
+  q.owner = std::move(owned);
+  buf.matrix = q;
+  return buf;
+}
+
+QuantMatrix stack_quant_rows(const std::vector<QuantMatrix>& parts, MemTag tag) {
+  TIERMOE_CHECK(!parts.empty(), "no matrices to stack", "stack_quant_rows", "pass one or more");
+  const QuantMatrix& p0 = parts[0];
+  int64_t rows = 0;
+  bool whole_blocks = true;  // every part but the last ends on a row block
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const QuantMatrix& p = parts[i];
+    check_quant_matrix(p, "stack_quant_rows");
+    TIERMOE_CHECK(p.format == p0.format && p.cols == p0.cols && p.group == p0.group &&
+                      p.bf16_values == p0.bf16_values,
+                  str_of("stacking a ", quant_format_name(p.format), " [", p.rows, ", ", p.cols,
+                         "] group ", p.group, " matrix under a ", quant_format_name(p0.format),
+                         " [", p0.rows, ", ", p0.cols, "] group ", p0.group, " one"),
+                  "stack_quant_rows", "stacked matrices share their format, width and group");
+    whole_blocks = whole_blocks && (i + 1 == parts.size() || p.rows % p.row_group == 0) &&
+                   p.row_group == p0.row_group;
+    rows += p.rows;
+  }
+  QuantBuffer out = alloc_quant_matrix(p0.format, rows, p0.cols, p0.group,
+                                       whole_blocks ? p0.row_group : 1, tag);
+  out.matrix.bf16_values = p0.bf16_values;
+  const QuantMatrix& q = out.matrix;
+  const int64_t row_bytes = code_row_bytes(q.format, q.cols);
+  const int64_t sb = scale_bytes(q.format), scale_row_bytes = q.scale_stride * sb;
+  int64_t r0 = 0;
+  for (const QuantMatrix& p : parts) {
+    for (int64_t r = 0; r < p.rows; ++r) {
+      std::memcpy(out.codes + (r0 + r) * q.code_stride, p.codes + r * p.code_stride, size_t(row_bytes));
+    }
+    // A scale row per row of q's (r0 is a block edge when q keeps blocks).
+    for (int64_t r = 0; r < p.rows; r += q.row_group) {
+      std::memcpy(static_cast<char*>(out.scales) + ((r0 + r) / q.row_group) * scale_row_bytes,
+                  static_cast<const char*>(p.scales) + (r / p.row_group) * p.scale_stride * sb,
+                  size_t(scale_row_bytes));
+    }
+    r0 += p.rows;
+  }
   return q;
 }
 

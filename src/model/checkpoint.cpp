@@ -7,6 +7,7 @@
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/mxfp4.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/io/stored_quant.h"
 #include "tiermoe/kernels/matmul_mixed.h"
 
 namespace tiermoe {
@@ -56,6 +57,7 @@ struct LoadItem {
   int64_t row0 = -1;
   bool transposed = false;  // the file holds dest's last two dims swapped
   bool mxfp4 = false;       // the file holds name_blocks and name_scales (io/mxfp4.h)
+  std::optional<StoredQuant> quant;  // the file holds it at low width (io/stored_quant.h)
 };
 
 Shape swap_last2(Shape s) {
@@ -69,7 +71,13 @@ class LoadPlan {
 
   bool has(const std::string& name) const { return ck_.contains(name); }
 
+  // A matrix stored at low width (io/stored_quant.h) is dequantized into dest.
   void add(const std::string& name, const Tensor& dest) {
+    if (auto q = find_stored_quant(ck_, c_, name)) {
+      check_quant(*q, dest.shape());
+      items_.push_back({name, dest, -1, false, false, std::move(q)});
+      return;
+    }
     check(name, dest.shape());
     items_.push_back({name, dest});
     used_.insert(name);
@@ -140,8 +148,17 @@ class LoadPlan {
   // Checks `name` against `want` and marks it used; a mapped load binds it
   // afterwards (bind below).
   void check_only(const std::string& name, const Shape& want) {
+    if (auto q = find_stored_quant(ck_, c_, name)) return check_quant(*q, want);
     check(name, want);
     used_.insert(name);
+  }
+
+  void check_quant(const StoredQuant& q, const Shape& want) {
+    TIERMOE_CHECK(q.shape == want,
+                  str_of(quant_format_name(q.format), " matrix '", q.weight, "' is ",
+                         shape_str(q.shape), " but config.json implies ", shape_str(want)),
+                  ck_.dir(), shape_hint(q.weight));
+    used_.insert(q.tensors.begin(), q.tensors.end());
   }
 
 
@@ -149,6 +166,11 @@ class LoadPlan {
   // size for each slice of it a rank takes).
   void load(DType compute, ProgressSink progress) const {
     auto bytes = [&](const LoadItem& it) {
+      if (it.quant) {
+        double n = 0;
+        for (const std::string& t : it.quant->tensors) n += double(ck_.entry(t).nbytes());
+        return n;
+      }
       if (!it.mxfp4) return double(ck_.entry(it.name).nbytes());
       return double(ck_.entry(it.name + "_blocks").nbytes() +
                     ck_.entry(it.name + "_scales").nbytes());
@@ -158,8 +180,9 @@ class LoadPlan {
     ProgressMeter meter(progress, "load " + ck_.dir(), total);
     for (const LoadItem& it : items_) {
       Tensor dest = it.dest;
-      if (it.mxfp4) {
-        dest.copy_from(load_mxfp4(ck_, it.name, compute, MemTag::activations));
+      if (it.mxfp4 || it.quant) {
+        dest.copy_from(it.quant ? load_stored_quant(ck_, *it.quant, compute)
+                                : load_mxfp4(ck_, it.name, compute, MemTag::activations));
         meter.advance(bytes(it));
         continue;
       }
@@ -275,6 +298,18 @@ Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>&
   return out;
 }
 
+// Parts `names` stored at low width, dequantized to `compute` and stacked.
+Tensor widened_matrix(const CheckpointTensors& ck, const std::vector<StoredQuant>& parts,
+                      const Shape& shape, DType compute) {
+  Tensor out = Tensor::empty(shape, compute, MemTag::weights);
+  int64_t r = 0;
+  for (const StoredQuant& q : parts) {
+    out.rows(r, r + q.shape[0]).copy_from(load_stored_quant(ck, q, compute));
+    r += q.shape[0];
+  }
+  return out;
+}
+
 // An x-major stacked matrix [E, in, out] as [E, out, in], kept at its
 // stored width when that is no wider than `compute`; an MXFP4 one decoded
 // to bf16 (f64 in f64 runs).
@@ -329,18 +364,36 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
                                         const std::string& embed_source) {
   const DType c = dtype_;
   const int64_t V = config_.vocab_size, D = config_.hidden_size;
-  embed_.value = bound_matrix(ck, {embed_source}, {V, D}, c);
+  // The parts' low-width storage, when the checkpoint has it (all or none).
+  auto stored_quant = [&](const std::vector<std::string>& names) {
+    std::vector<StoredQuant> parts;
+    for (const std::string& n : names) {
+      if (auto q = find_stored_quant(ck, config_, n)) parts.push_back(std::move(*q));
+    }
+    TIERMOE_CHECK(parts.empty() || parts.size() == names.size(),
+                  str_of("'", names[0], "' and '", names.back(), "' are stored at different widths"),
+                  ck.dir(), "a checkpoint quantizes an MLP's gate and up projections alike");
+    return parts;
+  };
+  // A matrix in the compute dtype: mapped in place where it can be, else
+  // a copy; dequantized when stored at low width.
+  auto matrix = [&](const std::vector<std::string>& names, const Shape& shape) {
+    const std::vector<StoredQuant> parts = stored_quant(names);
+    if (parts.empty()) return bound_matrix(ck, names, shape, c);
+    stored_quant_.widened += int64_t(parts.size());
+    return widened_matrix(ck, parts, shape, c);
+  };
+  embed_.value = matrix({embed_source}, {V, D});
   for (auto& layer : layers_) {
     const std::string& p = layer->prefix();
     for (auto& [suffix, w] : layer->attention().weights()) {
       if (w->value.dim() == 2) {  // the projections (kv_a_proj_with_mqa too), not norms or biases
-        w->value = bound_matrix(ck, {p + "self_attn." + suffix}, w->value.shape(), c);
+        w->value = matrix({p + "self_attn." + suffix}, w->value.shape());
       }
     }
     auto bind_dense = [&](const std::string& module, DenseMlp& mlp) {
-      mlp.w13().value = bound_matrix(ck, dense_w13_names(module), mlp.w13().value.shape(), c);
-      mlp.down().value =
-          bound_matrix(ck, {module + "down_proj.weight"}, mlp.down().value.shape(), c);
+      mlp.w13().value = matrix(dense_w13_names(module), mlp.w13().value.shape());
+      mlp.down().value = matrix({module + "down_proj.weight"}, mlp.down().value.shape());
     };
     if (DenseMlp* mlp = layer->dense_mlp()) {
       bind_dense(p + "mlp.", *mlp);
@@ -372,14 +425,37 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       continue;
     }
     const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.") + "experts.";
+    auto w2_name = [&](int64_t e) {
+      return block + std::to_string(first_expert() + e) + "." + (mixtral ? "w2" : "down_proj") +
+             ".weight";
+    };
+    if (c != DType::f64 && !stored_quant({w2_name(0)}).empty()) {
+      // Kept at their stored width for the f32 and bf16 kernels (gate over
+      // up stacked into one matrix); f64 runs dequantize them.
+      std::vector<QuantMatrix> w13, w2;
+      for (int64_t e = 0; e < El; ++e) {
+        std::vector<QuantMatrix> gate_up;
+        for (const StoredQuant& q : stored_quant(expert_w13_names(config_, p, first_expert() + e))) {
+          gate_up.push_back(read_stored_quant(ck, q));
+        }
+        const std::vector<StoredQuant> down = stored_quant({w2_name(e)});
+        TIERMOE_CHECK(gate_up.size() == 2 && down.size() == 1,
+                      str_of("expert ", first_expert() + e, " of ", block,
+                             " is stored at low width in part"),
+                      ck.dir(), "a checkpoint quantizes all of an expert's projections or none");
+        w13.push_back(stack_quant_rows(gate_up));
+        w2.push_back(read_stored_quant(ck, down[0]));
+      }
+      stored_quant_.kept += 3 * El;
+      ex.bind_quantized_weights(std::move(w13), std::move(w2));
+      continue;
+    }
     for (int64_t e = 0; e < El; ++e) {
-      const std::string ep = block + std::to_string(first_expert() + e) + ".";
-      ex.bind_expert_weights(
-          e, bound_matrix(ck, expert_w13_names(config_, p, first_expert() + e), {2 * F, D}, c),
-          bound_matrix(ck, {ep + (mixtral ? "w2" : "down_proj") + ".weight"}, {D, F}, c));
+      ex.bind_expert_weights(e, matrix(expert_w13_names(config_, p, first_expert() + e), {2 * F, D}),
+                             matrix({w2_name(e)}, {D, F}));
     }
   }
-  if (lm_head_.value.defined()) lm_head_.value = bound_matrix(ck, {"lm_head.weight"}, {V, D}, c);
+  if (lm_head_.value.defined()) lm_head_.value = matrix({"lm_head.weight"}, {V, D});
   bound_ = true;
 }
 
@@ -387,6 +463,7 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
                             int64_t first_expert, int64_t experts) {
   int64_t n = 0;
   auto count = [&](const std::vector<std::string>& names) {
+    if (find_stored_quant(ck, c, names[0])) return;  // dequantized or kept quantized
     const std::vector<Tensor> parts = views_of(ck, names);
     const PartsBinding b = parts_binding(parts, compute);
     if (b.keep_width && !b.in_place) {

@@ -119,7 +119,12 @@ TEST(DeepseekV3Config, OtherArchitecturesAreClearErrors) {
       {{{"v_head_dim", -1}}, {"v_head_dim", "positive"}},
       {{{"q_lora_rank", -3}}, {"q_lora_rank", "null"}},
       {{{"qk_rope_head_dim", 63}}, {"head_dim 63 is odd"}},
-      {{{"quantization_config", {{"quant_method", "fp8"}}}}, {"fp8", "dequantized"}}};
+      {{{"quantization_config", {{"quant_method", "fp8"}}}},
+       {"weight_block_size is absent", "[128, 128]"}},
+      {{{"quantization_config",
+         {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}}},
+       {"weight_block_size is [64,64]", "as DeepSeek-V3 ships it"}},
+      {{{"quantization_config", {{"quant_method", "gptq"}}}}, {"'gptq'", "dequantize others"}}};
   for (const auto& [change, want] : cases) {
     EXPECT_TRUE(throws_error_with(
         [&] { parse_model_config(deepseek_with(change).dump(), "config.json"); }, want))

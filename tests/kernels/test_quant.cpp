@@ -39,6 +39,7 @@ QuantMatrix over(std::shared_ptr<Owned> o, QuantFormat f, int64_t rows, int64_t 
   q.scales = f == QuantFormat::mxfp4 ? static_cast<const void*>(o->scale_bytes.data())
                                      : static_cast<const void*>(o->scales.data());
   q.scale_stride = scale_stride;
+  q.row_group = f == QuantFormat::fp8 ? 128 : 1;
   q.owner = o;
   return q;
 }
@@ -193,9 +194,11 @@ TEST(Quant, IntQuantizerBounds) {
         const double scale = s[r * q.scale_stride + c / group];
         EXPECT_EQ(double(bf16_to_float(float_to_bf16(float(scale)))), scale);  // a bf16 scale
         // Half a step, plus what the scale's rounding to bf16 (2^-9
-        // relative) moves the largest codes, which may then saturate.
+        // relative) moves the largest codes, which may then saturate, plus
+        // the value's own rounding to bf16 (bf16_values).
         const double x = w.get(r * 70 + c);
-        EXPECT_LE(std::abs(d.get(r * 70 + c) - x), scale * 0.5 + std::abs(x) * 0x1p-8)
+        EXPECT_LE(std::abs(d.get(r * 70 + c) - x),
+                  scale * 0.5 + std::abs(x) * 0x1p-8 + (std::abs(x) + scale) * 0x1p-9)
             << quant_format_name(f) << " g" << group << " at " << r << ", " << c;
       }
     }
@@ -203,6 +206,26 @@ TEST(Quant, IntQuantizerBounds) {
   // An all-zero group decodes to zeros.
   const QuantMatrix z = quantize_int(Tensor::zeros({2, 32}, DType::f32), QuantFormat::int4, 32);
   EXPECT_EQ(dequantize(z, DType::f64).to_vector(), std::vector<double>(64, 0.0));
+}
+
+// An expert's gate over its up: the parts' rows in order, fp8's 128-row
+// scale blocks kept only when the first part ends on one.
+TEST(Quant, StackedRowsEqualTheirParts) {
+  Rng rng(17);
+  const std::pair<QuantFormat, std::pair<int64_t, int64_t>> cases[] = {
+      {QuantFormat::fp8, {130, 130}}, {QuantFormat::fp8, {128, 130}}, {QuantFormat::int4, {7, 9}}};
+  for (const auto& [f, rows] : cases) {
+    const QuantMatrix a = random_quant(f, rows.first, 300, rng);
+    const QuantMatrix b = random_quant(f, rows.second, 300, rng);
+    const QuantMatrix s = stack_quant_rows({a, b});
+    EXPECT_EQ(s.rows, a.rows + b.rows);
+    EXPECT_EQ(s.row_group, f == QuantFormat::fp8 && a.rows % 128 == 0 ? 128 : 1);
+    EXPECT_EQ(s.bf16_values, a.bf16_values);
+    const Tensor want_a = dequantize(a, DType::f32), want_b = dequantize(b, DType::f32);
+    const Tensor got = dequantize(s, DType::f32);
+    EXPECT_TRUE(bitwise_equal(got.rows(0, a.rows), want_a)) << quant_format_name(f);
+    EXPECT_TRUE(bitwise_equal(got.rows(a.rows, s.rows), want_b)) << quant_format_name(f);
+  }
 }
 
 TEST(Quant, BadMatricesNameThemselves) {

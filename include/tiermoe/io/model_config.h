@@ -120,10 +120,15 @@ struct ModelConfig {
   // checkpoint tensors fused and x-major; a biased router.
   std::vector<std::string> layer_types;
   double swiglu_alpha = 1.702, swiglu_limit = 7.0;
-  // quantization_config.quant_method: empty, or "mxfp4" (gpt-oss's experts as
-  // published: io/mxfp4.h, decoded at load). Never written back: TierMoE
-  // saves what it holds, unquantized.
+  // quantization_config.quant_method: how the checkpoint ships its low-bit
+  // matrices: empty (none), "mxfp4" (gpt-oss's experts, io/mxfp4.h), "fp8"
+  // (block FP8) or "compressed-tensors" (int4/int8, io/stored_quant.h), the
+  // latter's weights at quant_bits with quant_group columns per scale (0:
+  // one per row). Never written back: TierMoE saves what it holds, at its
+  // compute width.
   std::string quant_method;
+  int quant_bits = 0;
+  int64_t quant_group = 0;
   // DeepSeek-V3 (Kimi-K2): multi-head latent attention (model/mla_attention.h).
   // q comes from a q_lora_rank latent (0: config.json's null, q_proj straight
   // from the hidden state), k and v from a kv_lora_rank latent and one shared

@@ -83,6 +83,19 @@ using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 void save_safetensors(const std::string& path, const NamedTensors& tensors,
                       const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
 
+// A tensor of any safetensors dtype given as its bytes (low-bit codes, I64
+// shapes): `data` holds nbytes = numel(shape) * the dtype's size, valid
+// until the write returns. The same rules and order as above.
+struct TensorBytes {
+  std::string name;
+  std::string dtype;  // "I32", "F8_E4M3", ...
+  Shape shape;
+  const void* data = nullptr;
+  uint64_t nbytes = 0;
+};
+void save_safetensors(const std::string& path, const std::vector<TensorBytes>& tensors,
+                      const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+
 // A Hugging Face checkpoint's tensors: `model.safetensors`, or the shards
 // listed in `model.safetensors.index.json`. Names map to their shard.
 class CheckpointTensors {

@@ -17,16 +17,19 @@
 //          per E8M0 exponent: W = e2m1[code] * 2^(scale - 127).
 //   fp8    float8_e4m3fn bytes, one f32 multiplier per 128 x 128 block
 //          (DeepSeek's weight_scale_inv): W = fp8(code) * scale[row / 128,
-//          col / 128], partial edge blocks using their block's scale.
+//          col / 128], partial edge blocks using their block's scale. Two
+//          such matrices stacked along rows (gate over up) keep a row of
+//          scales per row when the first's rows are not whole blocks.
 //
 // Every value decodes to f32 exactly except where q * scale itself rounds
-// (an f32 scale with more than 16 significant bits times an int8 code); the
-// products then round it to their dtype the way any f32 weight is rounded,
-// so a quantized product equals the same product over dequantize(w, dt),
-// bit for bit (tests/kernels/test_quant.cpp).
+// (an f32 scale with more than 16 significant bits times an int8 code, or
+// bf16_values); the products then round it to their dtype the way any f32
+// weight is rounded, so a quantized product equals the same product over
+// dequantize(w, dt), bit for bit (tests/kernels/test_quant.cpp).
 #include <cstdint>
 #include <memory>
 #include <string_view>
+#include <vector>
 
 #include "tiermoe/core/tensor.h"
 
@@ -50,25 +53,47 @@ struct QuantMatrix {
   // Columns per scale (int4/int8: the checkpoint's group size, or cols for
   // a per-channel scale; mxfp4 32; fp8 128, and 128 rows).
   int64_t group = 0;
+  // Rows per row of scales: 1, or fp8's 128 as shipped.
+  int64_t row_group = 1;
   const uint8_t* codes = nullptr;
   int64_t code_stride = 0;  // bytes from one row's codes to the next
   // f32 (int4, int8, fp8) or E8M0 bytes (mxfp4), scale_stride per row of
-  // scales (a row of blocks for fp8).
+  // scales (row `r`'s are row r / row_group).
   const void* scales = nullptr;
   int64_t scale_stride = 0;
+  // int4/int8 with bf16 scales: each value is bf16(q * scale), the product
+  // compressed-tensors (and so transformers and vLLM) computes in the
+  // scales' dtype; else the f32 product.
+  bool bf16_values = false;
   // Keeps the codes and scales alive: an owned buffer or a mapped file.
   std::shared_ptr<const void> owner;
 
   bool defined() const { return codes != nullptr; }
   // Scales along a row (and, for fp8, rows of them).
   int64_t scale_cols() const { return (cols + group - 1) / group; }
-  int64_t scale_rows() const { return format == QuantFormat::fp8 ? (rows + 127) / 128 : rows; }
+  int64_t scale_rows() const { return (rows + row_group - 1) / row_group; }
   // The bytes codes and scales take (what stays resident).
   int64_t bytes() const;
   // Expert e's matrix of a stack stored [E, rows, cols] with codes and
   // scales contiguous per matrix: a view sharing the owner.
   QuantMatrix slice(int64_t e, int64_t code_bytes_per_matrix, int64_t scales_per_matrix) const;
 };
+
+// A matrix with codes and scales of its own (zeroed, tracked under `tag`),
+// strides at their minimum, for a reader or quantizer to fill through the
+// writable pointers.
+struct QuantBuffer {
+  QuantMatrix matrix;
+  uint8_t* codes = nullptr;
+  void* scales = nullptr;
+};
+QuantBuffer alloc_quant_matrix(QuantFormat format, int64_t rows, int64_t cols, int64_t group,
+                               int64_t row_group = 1, MemTag tag = MemTag::weights);
+
+// Matrices of one format, width and group stacked along rows (an expert's
+// gate over its up): a copy. fp8 parts keep 128-row scale blocks when every
+// part but the last has whole blocks, else a row of scales per row.
+QuantMatrix stack_quant_rows(const std::vector<QuantMatrix>& parts, MemTag tag = MemTag::weights);
 
 // A matrix's bytes for rows x cols in `format` with `group` (memory plans).
 int64_t quant_bytes(QuantFormat format, int64_t rows, int64_t cols, int64_t group);
@@ -90,7 +115,7 @@ Tensor dequantize(const QuantMatrix& q, DType dt, MemTag tag = MemTag::activatio
 // `group` columns to int4 or int8, the rule compressed-tensors applies:
 // scale = max|w| over the group / 7.5 (int4) or / 127.5 (int8), rounded to
 // bf16 (the scale the checkpoint stores), then q = clamp(round_half_even(w /
-// scale), qmin, qmax).
+// scale), qmin, qmax); its values are bf16(q * scale) (bf16_values).
 // An all-zero group gets the smallest positive bf16 scale. Owns its bytes.
 QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group,
                          MemTag tag = MemTag::weights);

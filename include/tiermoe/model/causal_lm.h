@@ -93,6 +93,14 @@ class CausalLM {
   // Whether the weight matrices are the checkpoint's bytes (WeightBinding::mapped):
   // then no base parameter can be unfrozen.
   bool weights_bound() const { return bound_; }
+  // Of the matrices a checkpoint stores at low width (io/stored_quant.h), how
+  // many a mapped load kept so (the routed experts' in f32 and bf16 runs)
+  // and how many it dequantized to the compute dtype (the others); a copy
+  // load dequantizes them all.
+  struct StoredQuantCounts {
+    int64_t kept = 0, widened = 0;
+  };
+  StoredQuantCounts stored_quant_counts() const { return stored_quant_; }
   // Writes config.json and the tensors under HF names in the per-expert
   // layout save_pretrained writes, in `storage` (default: the compute dtype).
   // One rank only (an expert-parallel model's ranks write their parts
@@ -244,6 +252,7 @@ class CausalLM {
   std::optional<LoraConfig> lora_;
   DeviceTier* tier_ = nullptr;
   bool bound_ = false;  // WeightBinding::mapped
+  StoredQuantCounts stored_quant_;
 
   // The last forward, kept for backward.
   int64_t B_ = 0, T_ = 0;

@@ -92,7 +92,7 @@ Group group_of(const QuantMatrix& q, int64_t row, int64_t col) {
               _mm512_set1_ps(static_cast<const float*>(q.scales)[row * q.scale_stride + g])};
     case QuantFormat::fp8:
       return {_mm512_setzero_si512(),
-              _mm512_set1_ps(static_cast<const float*>(q.scales)[(row / 128) * q.scale_stride + g])};
+              _mm512_set1_ps(static_cast<const float*>(q.scales)[(row / q.row_group) * q.scale_stride + g])};
   }
   __builtin_unreachable();
 }
