@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 
 #include "tiermoe/core/progress_meter.h"
@@ -18,6 +19,7 @@ void add_train_command(CLI::App& app);
 void add_eval_command(CLI::App& app);
 void add_plan_command(CLI::App& app);
 void add_report_command(CLI::App& app);
+void add_quantize_command(CLI::App& app);
 // bench expert-kernels, under the bench subcommand (bench_kernels.cpp).
 void add_bench_expert_kernels(CLI::App* bench);
 void add_bench_peak(CLI::App* bench);
@@ -28,6 +30,10 @@ std::string human_bytes(uint64_t bytes);
 std::string human_count(int64_t n);
 // Progress lines on stderr, rewritten in place when it is a terminal.
 ProgressSink stderr_progress();
+// Makes `out` ready for a checkpoint: refuses one already there (its
+// config.json) without `force`, else removes its config, tensors and index,
+// so no stale shard survives beside the new files (init.cpp).
+void prepare_out_dir(const std::filesystem::path& out, bool force);
 // Parses a byte count with an optional unit: 5000000000, 5GB, 500MB, 2GiB, 64KiB.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 

@@ -6,6 +6,7 @@
 // error.
 #include <algorithm>
 #include <cctype>
+#include <cstdio>
 #include <filesystem>
 #include <iomanip>
 #include <iostream>
@@ -18,6 +19,7 @@
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/io/stored_quant.h"
 
 namespace tiermoe::cli {
 
@@ -65,6 +67,14 @@ struct Report {
   int64_t tensor_expert_params = 0;  // numel of tensors the config names as experts
   uint64_t tensor_bytes = 0;
   Mismatches mismatches;
+  // Matrices stored at low width (io/stored_quant.h), by format: how many,
+  // the parameters they hold and the bytes their tensors take.
+  struct LowWidth {
+    int64_t matrices = 0, params = 0;
+    uint64_t bytes = 0;
+    std::set<int64_t> groups;
+  };
+  std::map<std::string, LowWidth> low_width;
 };
 
 // "layers.2" before "layers.10": digit runs compare as numbers.
@@ -98,7 +108,9 @@ void add_file(Report& r, const SafetensorsFile& f) {
   r.files.push_back(std::move(info));
 }
 
-void cross_check(Report& r) {
+// The config's tensors against the files'; a matrix stored at low width
+// counts as its parameters (its codes' and scales' tensors as its parts).
+void cross_check(Report& r, const CheckpointTensors* ck) {
   const ModelConfig& c = *r.config;
   std::map<std::string, const TensorRow*> present;
   for (const auto& row : r.rows) present[row.name] = &row;
@@ -107,7 +119,21 @@ void cross_check(Report& r) {
   for (const HfTensor& t : hf_checkpoint_tensors(c, stored)) {
     expected[t.name] = true;
     auto it = present.find(t.name);
-    if (it == present.end()) {
+    const std::optional<StoredQuant> q =
+        ck && !c.quant_method.empty() ? find_stored_quant(*ck, c, t.name) : std::nullopt;
+    if (q && q->shape == t.shape) {
+      Report::LowWidth& w = r.low_width[std::string(quant_format_name(q->format))];
+      ++w.matrices;
+      w.params += shape_numel(t.shape);
+      w.groups.insert(q->group);
+      for (const std::string& part : q->tensors) {
+        expected[part] = true;
+        w.bytes += present.at(part)->bytes;
+        r.tensor_params -= shape_numel(present.at(part)->shape);
+      }
+      r.tensor_params += shape_numel(t.shape);
+      if (t.role == HfRole::expert) r.tensor_expert_params += shape_numel(t.shape);
+    } else if (it == present.end()) {
       r.mismatches.missing.push_back(t.name);
     } else if (it->second->shape != t.shape) {
       r.mismatches.shape.push_back({t.name, {t.shape, it->second->shape}});
@@ -126,11 +152,12 @@ Report build_report(const std::string& path) {
   Report r;
   r.path = path;
   std::error_code ec;
+  std::optional<CheckpointTensors> ckpt;
   if (fs::is_directory(path, ec)) {
     r.is_checkpoint = true;
     if (fs::exists(fs::path(path) / "config.json")) r.config = load_model_config(path);
-    CheckpointTensors ckpt = CheckpointTensors::open(path);
-    for (const auto& f : ckpt.files()) add_file(r, f);
+    ckpt = CheckpointTensors::open(path);
+    for (const auto& f : ckpt->files()) add_file(r, f);
   } else {
     TIERMOE_CHECK(fs::exists(path, ec), "no such file or directory", path,
                   "pass a .safetensors file or a checkpoint directory");
@@ -159,7 +186,7 @@ Report build_report(const std::string& path) {
     r.tensor_params += shape_numel(row.shape);
     r.tensor_bytes += row.bytes;
   }
-  if (r.config) cross_check(r);
+  if (r.config) cross_check(r, ckpt ? &*ckpt : nullptr);
   return r;
 }
 
@@ -218,6 +245,15 @@ void print_text(const Report& r, bool summary) {
     os << "parameters: total " << with_commas(n.total) << " (" << human_count(n.total)
        << "), per expert " << with_commas(n.per_expert) << ", active per token "
        << with_commas(n.active_per_token) << " (" << human_count(n.active_per_token) << ")\n";
+    for (const auto& [format, w] : r.low_width) {
+      std::string groups;
+      for (int64_t g : w.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
+      char bits[32];
+      std::snprintf(bits, sizeof bits, "%.2f", double(w.bytes) * 8 / double(w.params));
+      os << "stored at " << format << " (" << c.quant_method << ", group " << groups << "): "
+         << w.matrices << " matrices, " << with_commas(w.params) << " parameters in "
+         << human_bytes(w.bytes) << " (" << bits << " bits each, scales included)\n";
+    }
     if (r.mismatches.empty()) {
       os << "tensors match config.json: " << with_commas(r.tensor_params) << " parameters, "
          << with_commas(r.tensor_expert_params) << " in experts\n";
@@ -319,6 +355,14 @@ void print_json(const Report& r, bool summary) {
                        {"unexpected", r.mismatches.unexpected},
                        {"shape", shape}};
     j["consistent"] = r.mismatches.empty();
+    j["stored_at_low_width"] = Json::object();
+    for (const auto& [format, w] : r.low_width) {
+      j["stored_at_low_width"][format] = {{"matrices", w.matrices},
+                                          {"params", w.params},
+                                          {"bytes", w.bytes},
+                                          {"groups", w.groups},
+                                          {"quant_method", c.quant_method}};
+    }
   }
   std::cout << j.dump() << "\n";
 }

@@ -106,6 +106,7 @@ const std::vector<std::pair<std::string, std::string>> kRunFlags = {
     {"--absorb-scores", "absorb_scores"},
     {"--experts", "experts"},
     {"--experts-group", "experts_group"},
+    {"--dequantize", "dequantize"},
     {"--steps", "steps"},
     {"--batch", "batch"},
     {"--seq-len", "seq_len"},
@@ -489,6 +490,9 @@ void add_train_command(CLI::App& app) {
                   "Columns per scale of --experts int4|int8 (compressed-tensors' group size)")
       ->capture_default_str()
       ->check(count_in(1, kMaxCount));
+  cmd->add_flag("--dequantize", c.dequantize,
+                "Full fine-tuning of a checkpoint shipped at low width (MXFP4, FP8, int4/int8): "
+                "train copies dequantized to --dtype");
 
   cmd->add_option("--optimizer", f->optimizer, "adamw|sgd")->capture_default_str();
   cmd->add_option("--lr", t.schedule.base_lr, "Peak learning rate")->capture_default_str();

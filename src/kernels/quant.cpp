@@ -271,6 +271,57 @@ QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group, 
   return buf.matrix;
 }
 
+namespace {
+
+// The E2M1 code (0..7) nearest magnitude m >= 0, ties to the even code,
+// saturating at 6 (code 7).
+uint8_t nearest_e2m1(float m) {
+  uint8_t best = 0;
+  for (uint8_t c = 1; c < 8; ++c) {
+    const float d = std::abs(kE2m1Values[c] - m), b = std::abs(kE2m1Values[best] - m);
+    if (d < b || (d == b && c % 2 == 0)) best = c;
+  }
+  return best;
+}
+
+}  // namespace
+
+QuantMatrix quantize_mxfp4(const Tensor& w_NK, MemTag tag) {
+  TIERMOE_CHECK(w_NK.defined() && w_NK.dim() == 2 && w_NK.size(1) % 32 == 0,
+                str_of("quantize_mxfp4 needs a 2-D weight of whole 32-column blocks, got ",
+                       w_NK.defined() ? w_NK.str() : std::string("undefined")),
+                "quantize_mxfp4", "MXFP4 blocks are 32 input columns");
+  const int64_t N = w_NK.size(0), K = w_NK.size(1);
+  QuantBuffer buf = alloc_quant_matrix(QuantFormat::mxfp4, N, K, 32, 1, tag);
+  const QuantMatrix& q = buf.matrix;
+  uint8_t* exps = static_cast<uint8_t*>(buf.scales);
+  parallel_for(N, 4, [&](int64_t r0, int64_t r1) {
+    std::vector<float> x(static_cast<size_t>(K));
+    for (int64_t r = r0; r < r1; ++r) {
+      visit_dtype(w_NK.dtype(), [&]<class T>() {
+        const T* src = w_NK.data<T>() + r * K;
+        for (int64_t c = 0; c < K; ++c) x[size_t(c)] = float(load<T>(src[c]));
+      });
+      for (int64_t g = 0; g < K / 32; ++g) {
+        const float* xg = x.data() + g * 32;
+        float amax = 0;
+        for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(xg[i]));
+        int k = 0;
+        std::frexp(amax, &k);  // amax = f 2^k, f in [0.5, 1): floor(log2 amax) = k - 1
+        const int biased = amax == 0 ? 0 : std::clamp(k - 3 + 127, 0, 254);
+        exps[r * q.scale_stride + g] = uint8_t(biased);
+        uint8_t* b = buf.codes + r * q.code_stride + g * 16;
+        for (int i = 0; i < 32; ++i) {
+          const float m = std::ldexp(std::abs(xg[i]), 127 - biased);
+          const uint8_t code = uint8_t(nearest_e2m1(m) | (std::signbit(xg[i]) ? 8 : 0));
+          b[i / 2] = uint8_t(b[i / 2] | (code << ((i & 1) * 4)));
+        }
+      }
+    }
+  });
+  return buf.matrix;
+}
+
 QuantBuffer alloc_quant_matrix(QuantFormat format, int64_t rows, int64_t cols, int64_t group,
                                int64_t row_group, MemTag tag) {
   QuantMatrix q;

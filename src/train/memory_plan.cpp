@@ -148,6 +148,13 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const bool quantized = cfg.experts.has_value();  // the routed experts at int4/int8
   // gpt-oss's MXFP4 experts stay as stored, mapped, in frozen f32/bf16 runs.
   const bool mxfp4_kept = mapped && c.quant_method == "mxfp4" && dt != DType::f64;
+  // Experts a checkpoint ships at int4/int8/fp8 stay so in such runs; its
+  // other low-width matrices are dequantized to the compute dtype.
+  const bool stored_kept = mapped && stored->experts_format && dt != DType::f64;
+  auto widened_at_load = [&](HfRole r) {
+    return mapped && ((r == HfRole::attention && stored->attention_quantized) ||
+                      (r == HfRole::dense_mlp && stored->dense_quantized));
+  };
   // Such a run keeps the matrices at their stored width when it is no wider
   // than the run's; narrower ones are widened by the products (*_mixed).
   const bool keep_stored = mapped && is_narrower_or_same(stored->dtype, dt);
@@ -172,6 +179,13 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
                                 (n + size_t(cfg.experts_group) - 1) / size_t(cfg.experts_group) * 4;
     } else if (mxfp4_kept && t.role == HfRole::expert) {
       at(p, MemTag::mapped) += n / 2 + n / 32;  // E2M1 codes and E8M0 scales
+    } else if (stored_kept && t.role == HfRole::expert) {
+      // Codes and f32 scales, read into memory of their own.
+      const QuantFormat f = *stored->experts_format;
+      const size_t per_scale = f == QuantFormat::fp8 ? 128 * 128 : size_t(stored->experts_group);
+      at(p, MemTag::weights) += n * size_t(quant_code_bits(f)) / 8 + (n + per_scale - 1) / per_scale * 4;
+    } else if (widened_at_load(t.role)) {
+      at(p, MemTag::weights) += n * dtype_size(dt);
     } else if (mapped && is_matrix(t.role)) {
       const DType kept_as = keep_stored ? stored->dtype : dt;
       at(p, keep_stored ? MemTag::mapped : MemTag::weights) += n * dtype_size(kept_as);
@@ -221,8 +235,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // available now, less the plan's own bytes so far and the layers packed
   // before it).
   // Quantized experts run on the grouped kernels too, read as stored.
-  const bool packable =
-      quantized || mxfp4_kept || !keep_stored || PackedWeights::reads(stored->dtype, dt);
+  const bool low_width = quantized || mxfp4_kept || stored_kept;
+  const bool packable = low_width || !keep_stored || PackedWeights::reads(stored->dtype, dt);
   const bool grouped =
       lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && packable;
   int64_t packed_layers = 0;
@@ -234,9 +248,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     uint64_t left = host_memory_available();
     for (size_t b : p.peak) left -= std::min<uint64_t>(left, b);
     for (int64_t l = 0;
-         l < c.num_moe_layers() && (quantized || mxfp4_kept || ExpertPacks::packs_fit(stack, left));
+         l < c.num_moe_layers() && (low_width || ExpertPacks::packs_fit(stack, left));
          ++l) {
-      if (quantized || mxfp4_kept) {
+      if (low_width) {
         ++packed_layers;
         continue;
       }

@@ -62,6 +62,7 @@ json TrainConfig::to_json() const {
       {"absorb_scores", absorb},
       {"experts", experts ? json(std::string(quant_format_name(*experts))) : json(nullptr)},
       {"experts_group", experts_group},
+      {"dequantize", dequantize},
       {"steps", t.steps},
       {"batch", t.batch},
       {"seq_len", t.seq_len},
@@ -112,6 +113,7 @@ TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
       c.experts = parse_quant_format(j.at("experts").get<std::string>(), where);
     }
     c.experts_group = j.value("experts_group", int64_t(128));
+    c.dequantize = j.value("dequantize", false);
     TrainerOptions& t = c.trainer;
     t.steps = j.at("steps").get<int64_t>();
     t.batch = j.at("batch").get<int64_t>();
@@ -187,6 +189,26 @@ CausalLM random_model(const TrainConfig& c, Comm* comm) {
 }
 
 
+// A checkpoint that ships low-bit matrices: full fine-tuning only with
+// --dequantize (it trains widened copies), and no second quantization of
+// experts already stored at low width.
+void check_stored_width(const TrainConfig& c, const ModelConfig& m) {
+  if (m.quant_method.empty()) return;
+  const std::string stored =
+      m.quant_method == "compressed-tensors" ? str_of("int", m.quant_bits) : m.quant_method;
+  TIERMOE_CHECK(c.lora || c.dequantize,
+                str_of("the checkpoint ships its weights at ", stored, " (", m.quant_method,
+                       "), and full fine-tuning trains them"),
+                c.model_dir,
+                "pass --dequantize to train copies in the compute dtype (the checkpoints saved "
+                "are then at that width), or train LoRA adapters over the frozen weights "
+                "(--lora-rank)");
+  TIERMOE_CHECK(!c.experts,
+                str_of("--experts ", c.experts ? quant_format_name(*c.experts) : "",
+                       " would quantize experts the checkpoint already ships at ", stored),
+                "--experts", "drop --experts: the stored experts are read at their width");
+}
+
 }  // namespace
 
 void check_fits_host(const TrainConfig& c, int ranks) {
@@ -220,6 +242,7 @@ CausalLM build_model(const TrainConfig& c, Comm* comm, ProgressSink progress) {
   // LoRA freezes every base weight, so it reads them in place from the
   // checkpoint at their stored width; full fine-tuning trains copies.
   const WeightBinding binding = c.lora ? WeightBinding::mapped : WeightBinding::copy;
+  if (!c.model_dir.empty()) check_stored_width(c, load_model_config(c.model_dir));
   CausalLM model = c.model_dir.empty()
                        ? random_model(c, comm)
                        : CausalLM::from_checkpoint(c.model_dir, c.dtype, comm, binding, progress);

@@ -5,10 +5,12 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/io/stored_quant.h"
 #include "tiermoe/model/checkpoint.h"
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/memory_plan.h"
@@ -128,8 +130,24 @@ std::optional<StoredMatrices> stored_matrices(const TrainConfig& c, const ModelC
     return std::nullopt;  // the loader names the unsupported dtype
   if (!c.lora) return StoredMatrices(dt);
   const int64_t experts = model.num_experts / std::max(ranks, 1);
-  return StoredMatrices(dt, copied_w13_elements(ck, model, c.dtype, 0, experts),
-                        stores_fused_experts(ck, model));
+  StoredMatrices s(dt, copied_w13_elements(ck, model, c.dtype, 0, experts),
+                   stores_fused_experts(ck, model));
+  // What it ships at low width, read off the first matrix of each role.
+  std::set<HfRole> probed;
+  for (const HfTensor& t : hf_tensors(model)) {
+    const bool matrix =
+        t.role == HfRole::expert || t.role == HfRole::attention || t.role == HfRole::dense_mlp;
+    if (!matrix || t.shape.size() != 2 || !probed.insert(t.role).second) continue;
+    const std::optional<StoredQuant> q = find_stored_quant(ck, model, t.name);
+    if (!q) continue;
+    if (t.role == HfRole::expert) {
+      s.experts_format = q->format;
+      s.experts_group = q->group;
+    }
+    (t.role == HfRole::attention ? s.attention_quantized : s.dense_quantized) |=
+        t.role != HfRole::expert;
+  }
+  return s;
 }
 
 // Logs the plan and refuses a run it says cannot fit, before anything is loaded.
@@ -291,10 +309,23 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                                       : config.model_dir)
          << ", " << dtype_name(config.dtype) << ", " << (config.lora ? "LoRA" : "full fine-tuning")
          << ", " << count_trainable(trainer.parameters()) << " trainable parameters\n";
-    if (model.config().quant_method == "mxfp4") {
+    const ModelConfig& m = model.config();
+    const CausalLM::StoredQuantCounts q = model.stored_quant_counts();
+    if (m.quant_method == "mxfp4") {
       *log << (config.lora && config.dtype != DType::f64
                    ? std::string("train: the MXFP4 experts stay at 4 bits, read in place\n")
                    : str_of("train: the MXFP4 experts are decoded at load, to ",
+                            dtype_name(config.dtype),
+                            config.lora ? " (f64 runs)\n" : " (full fine-tuning trains them)\n"));
+    } else if (!m.quant_method.empty()) {
+      const std::string stored =
+          m.quant_method == "compressed-tensors" ? str_of("int", m.quant_bits) : m.quant_method;
+      *log << (q.kept + q.widened > 0
+                   ? str_of("train: the checkpoint's ", stored, " matrices: ", q.kept,
+                            " of the routed experts kept at that width, ", q.widened,
+                            " others (attention, dense MLPs, shared experts) dequantized to ",
+                            dtype_name(config.dtype), "\n")
+                   : str_of("train: the checkpoint's ", stored, " matrices are dequantized at load, to ",
                             dtype_name(config.dtype),
                             config.lora ? " (f64 runs)\n" : " (full fine-tuning trains them)\n"));
     }

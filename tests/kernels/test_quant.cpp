@@ -208,6 +208,43 @@ TEST(Quant, IntQuantizerBounds) {
   EXPECT_EQ(dequantize(z, DType::f64).to_vector(), std::vector<double>(64, 0.0));
 }
 
+// quantize_mxfp4 against a brute-force reading of the OCP rule: the block's
+// exponent from its largest magnitude, each value the nearest of the 16
+// codes (ties to the even code), blocks of zeros and of huge or tiny values.
+TEST(Quant, Mxfp4QuantizerPicksTheNearestCode) {
+  Rng rng(19);
+  Tensor w = random_tensor({6, 128}, DType::f32, rng, 1.0);
+  for (int64_t c = 0; c < 32; ++c) {
+    w.set(c, 0.0);                       // row 0, block 0: zeros
+    w.set(128 + c, w.get(128 + c) * 1e30);  // row 1, block 0: huge
+    w.set(256 + c, w.get(256 + c) * 1e-30);  // row 2, block 0: tiny
+  }
+  w.set(3 * 128 + 5, 2.5);  // a tie between 2 and 3 under e = 0 ...
+  w.set(3 * 128 + 6, 7.0);  // ... with 7 setting the exponent; 7 saturates to 6
+  const QuantMatrix q = quantize_mxfp4(w);
+  const Tensor d = dequantize(q, DType::f64);
+  for (int64_t r = 0; r < 6; ++r) {
+    for (int64_t b = 0; b < 4; ++b) {
+      double amax = 0;
+      for (int64_t c = 0; c < 32; ++c) amax = std::max(amax, std::abs(w.get(r * 128 + b * 32 + c)));
+      const int e = amax == 0 ? -127 : std::clamp(int(std::floor(std::log2(float(amax)))) - 2, -127, 127);
+      for (int64_t c = 0; c < 32; ++c) {
+        const double x = w.get(r * 128 + b * 32 + c);
+        int best = 0;
+        for (int code = 1; code < 16; ++code) {
+          const double dv = std::abs(std::ldexp(kE2m1Values[code], e) - x);
+          const double db = std::abs(std::ldexp(kE2m1Values[best], e) - x);
+          if (dv < db || (dv == db && code % 2 == 0 && (code & 8) == (best & 8))) best = code;
+        }
+        ASSERT_EQ(std::abs(d.get(r * 128 + b * 32 + c)), std::abs(std::ldexp(kE2m1Values[best], e)))
+            << "row " << r << " col " << b * 32 + c << " of " << x;
+      }
+    }
+  }
+  EXPECT_EQ(d.get(3 * 128 + 5), 2.0);  // the tie went to the even code
+  EXPECT_EQ(d.get(3 * 128 + 6), 6.0);
+}
+
 // An expert's gate over its up: the parts' rows in order, fp8's 128-row
 // scale blocks kept only when the first part ends on one.
 TEST(Quant, StackedRowsEqualTheirParts) {

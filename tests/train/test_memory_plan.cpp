@@ -224,6 +224,31 @@ TEST(MemoryPlan, FusedExpertStacksFromACheckpointPlanTheirPacks) {
   set_num_threads(0);
 }
 
+// Checkpoints shipped at low width (the int4 and FP8 family fixtures): a
+// LoRA run keeps their routed experts' codes and f32 scales and dequantizes
+// their other low-width matrices; the plan counts both.
+TEST(MemoryPlan, CheckpointsShippedAtLowWidthArePlannedAsRead) {
+  set_num_threads(1);
+  TempDir dir;
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 % 64);  // vocab 64
+  const std::string data = (dir.path() / "tokens.npy").string();
+  write_npy_tokens(data, tokens, TokenDType::i32);
+  for (const char* family : {"qwen3_moe_int4", "deepseek_v3_fp8"}) {
+    for (DType dt : {DType::f32, DType::bf16}) {
+      TrainConfig c = config_of({"tiny", true, dt, "none", 2, 16, false});
+      c.model_dir = std::string(TIERMOE_TEST_DATA_DIR) + "/families/" + family;
+      c.data_file = data;
+      if (std::string(family) == "deepseek_v3_fp8") {
+        c.lora->targets = {"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
+      }
+      const TrainSummary s = run_training(c, RunControl{});
+      expect_within_10_percent(s.memory_plan, str_of(family, ", ", dtype_name(dt), " LoRA"));
+    }
+  }
+  set_num_threads(0);
+}
+
 // Refused before the model is built: the log has the plan and nothing after it.
 TEST(MemoryPlan, ARunThatCannotFitIsRefusedBeforeLoadingWithWhatWouldFit) {
   TrainConfig c = config_of({"tiny", false, DType::f32, "none", 8, 64});

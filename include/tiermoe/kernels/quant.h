@@ -120,6 +120,13 @@ Tensor dequantize(const QuantMatrix& q, DType dt, MemTag tag = MemTag::activatio
 QuantMatrix quantize_int(const Tensor& w_NK, QuantFormat format, int64_t group,
                          MemTag tag = MemTag::weights);
 
+// MXFP4 by the OCP Microscaling rule: per block of 32 columns the shared
+// exponent e = floor(log2(max |w|)) - 2 (E2M1's largest), stored as e + 127
+// (clamped to [0, 254]; 0 for an all-zero block), and each w / 2^e rounded
+// to the nearest E2M1 value, ties to the even code, saturating at 6.
+// cols must be a multiple of 32. Owns its bytes.
+QuantMatrix quantize_mxfp4(const Tensor& w_NK, MemTag tag = MemTag::weights);
+
 // Checks a matrix's fields against its format (group, strides, pointers);
 // throws naming `what` with the first that is wrong.
 void check_quant_matrix(const QuantMatrix& q, std::string_view what);

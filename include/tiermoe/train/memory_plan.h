@@ -68,6 +68,12 @@ struct StoredMatrices {
   // Whether its experts are stored as fused stacks (experts.gate_up_proj),
   // which bind as [E, ...] stacks rather than one expert at a time.
   bool fused_experts = false;
+  // Matrices it ships at low width (io/stored_quant.h): the routed experts'
+  // format and group (kept at it in frozen f32/bf16 runs), and whether the
+  // attention and the dense MLPs (shared experts) are too (dequantized).
+  std::optional<QuantFormat> experts_format;
+  int64_t experts_group = 0;
+  bool attention_quantized = false, dense_quantized = false;
   StoredMatrices(DType d, int64_t copied = 0, bool fused = false)
       : dtype(d), copied_w13(copied), fused_experts(fused) {}
 };

@@ -46,6 +46,10 @@ struct TrainConfig {
   // frozen (LoRA runs only; kernels/quant.h). Unset: the compute dtype.
   std::optional<QuantFormat> experts;
   int64_t experts_group = 128;
+  // Full fine-tuning of a checkpoint that ships low-bit matrices
+  // (quantization_config): trains them as copies dequantized to the compute
+  // dtype (--dequantize); refused without it.
+  bool dequantize = false;
 
   int64_t lm_head_chunk = kDefaultLmHeadChunk;  // token rows per LM head chunk (0: all)
   std::string remat = "none";   // RematPolicy text
