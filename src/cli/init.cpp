@@ -128,37 +128,41 @@ std::vector<std::vector<size_t>> plan_shards(const std::vector<HfTensor>& tensor
 // Allocates and initialises one shard's tensors, in parallel over tensors.
 Shard make_shard(const std::vector<HfTensor>& tensors, const std::vector<size_t>& shard,
                  const ModelConfig& config, uint64_t seed, DType dtype, const ExpertsAs& experts) {
-  NamedTensors named;
-  for (size_t i : shard) {
-    named.emplace_back(tensors[i].name, Tensor::empty(tensors[i].shape, dtype, MemTag::weights));
-  }
-  // Work items are (tensor, block) pairs of equal size, so the threads stay
-  // balanced even when one tensor (the embedding) dwarfs the others.
-  std::vector<std::pair<size_t, int64_t>> work;
-  for (size_t j = 0; j < shard.size(); ++j) {
-    for (int64_t b = 0; b < hf_init_blocks(tensors[shard[j]]); ++b) work.emplace_back(j, b);
-  }
-  parallel_for(int64_t(work.size()), 1, [&](int64_t begin, int64_t end) {
-    for (int64_t w = begin; w < end; ++w) {
-      const auto [j, b] = work[size_t(w)];
-      fill_hf_tensor_blocks(named[j].second, tensors[shard[j]], config, seed, b, b + 1);
+  // Tensors written as drawn, and (under --experts) the routed experts, each
+  // drawn, packed and released in turn: memory holds the shard's written
+  // bytes and one expert's draw.
+  std::vector<size_t> plain, quantized;
+  for (size_t i : shard) (experts.quantized(tensors[i]) ? quantized : plain).push_back(i);
+  auto draw = [&](const std::vector<size_t>& which) {
+    NamedTensors named;
+    for (size_t i : which) {
+      named.emplace_back(tensors[i].name, Tensor::empty(tensors[i].shape, dtype, MemTag::weights));
     }
-  });
+    // Work items are (tensor, block) pairs of equal size, so the threads stay
+    // balanced even when one tensor (the embedding) dwarfs the others.
+    std::vector<std::pair<size_t, int64_t>> work;
+    for (size_t j = 0; j < which.size(); ++j) {
+      for (int64_t b = 0; b < hf_init_blocks(tensors[which[j]]); ++b) work.emplace_back(j, b);
+    }
+    parallel_for(int64_t(work.size()), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t w = begin; w < end; ++w) {
+        const auto [j, b] = work[size_t(w)];
+        fill_hf_tensor_blocks(named[j].second, tensors[which[j]], config, seed, b, b + 1);
+      }
+    });
+    return named;
+  };
   Shard out;
-  for (size_t j = 0; j < shard.size(); ++j) {
-    const HfTensor& t = tensors[shard[j]];
-    if (!experts.quantized(t)) {
-      out.drawn.push_back(std::move(named[j]));
-      continue;
-    }
+  out.drawn = draw(plain);
+  for (size_t i : quantized) {
+    const HfTensor& t = tensors[i];
+    const Tensor w = draw({i})[0].second;
     if (experts.format == QuantFormat::mxfp4) {
-      out.mxfp4.push_back(mxfp4_stack(t.name, named[j].second));
+      out.mxfp4.push_back(mxfp4_stack(t.name, w));
     } else {
       const std::string module = t.name.substr(0, t.name.size() - std::string(".weight").size());
-      out.packed.emplace_back(
-          module, pack_quantized(quantize_int(named[j].second, *experts.format, experts.group)));
+      out.packed.emplace_back(module, pack_quantized(quantize_int(w, *experts.format, experts.group)));
     }
-    named[j].second = Tensor();  // the draw goes as soon as it is packed
   }
   return out;
 }
@@ -224,15 +228,17 @@ void run_init(const InitOptions& o) {
                 out.string(), "free space, pass --layers N, or write somewhere else");
 
   const auto shards = plan_shards(tensors, dtype, experts, max_shard_bytes);
-  // Memory holds one shard at a time (a quantized expert's draw too).
+  // Memory holds one shard at a time (and one quantized expert's draw).
   uint64_t largest_shard = 0;
   for (const auto& shard : shards) {
-    uint64_t bytes = 0;
+    uint64_t bytes = 0, draw = 0;
     for (size_t i : shard) {
-      bytes += experts.bytes(tensors[i], dtype) +
-               (experts.quantized(tensors[i]) ? uint64_t(shape_numel(tensors[i].shape)) * dtype_size(dtype) : 0);
+      bytes += experts.bytes(tensors[i], dtype);
+      if (experts.quantized(tensors[i])) {
+        draw = std::max(draw, uint64_t(shape_numel(tensors[i].shape)) * dtype_size(dtype));
+      }
     }
-    largest_shard = std::max(largest_shard, bytes);
+    largest_shard = std::max(largest_shard, bytes + draw);
   }
   check_host_memory(largest_shard, "writing the largest shard", out.string(),
                     "pass a smaller --max-shard-size, fewer --layers or a smaller --vocab-size");

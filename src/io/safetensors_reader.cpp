@@ -263,6 +263,15 @@ std::span<const std::byte> SafetensorsFile::bytes(const std::string& name) const
   return {map_->bytes() + data_offset_ + e.begin, size_t(e.nbytes())};
 }
 
+void SafetensorsFile::release(const std::string& name) const {
+  const auto b = bytes(name);
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = (reinterpret_cast<uintptr_t>(b.data()) + page - 1) / page * page;
+  const uintptr_t end = (reinterpret_cast<uintptr_t>(b.data()) + b.size()) / page * page;
+  // Advice only: a failure leaves the pages resident, nothing else changes.
+  if (end > begin) ::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_DONTNEED);
+}
+
 uint64_t SafetensorsFile::file_size() const { return map_ ? map_->size : 0; }
 
 Tensor SafetensorsFile::view(const std::string& name) const {

@@ -159,6 +159,8 @@ QuantMatrix read_stored_quant(const CheckpointTensors& ck, const StoredQuant& s,
   for (int64_t i = 0; i < q.scale_rows() * q.scale_stride; ++i) {
     out[i] = scale_at(scales.data(), dtype, i);
   }
+  // Frozen low-width tensors are only ever read: their pages can go.
+  for (const std::string& t : s.tensors) ck.file_of(t).release(t);
   return q;
 }
 

@@ -322,7 +322,7 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
           m.quant_method == "compressed-tensors" ? str_of("int", m.quant_bits) : m.quant_method;
       *log << (q.kept + q.widened > 0
                    ? str_of("train: the checkpoint's ", stored, " matrices: ", q.kept,
-                            " of the routed experts kept at that width, ", q.widened,
+                            " (the routed experts') kept at that width, ", q.widened,
                             " others (attention, dense MLPs, shared experts) dequantized to ",
                             dtype_name(config.dtype), "\n")
                    : str_of("train: the checkpoint's ", stored, " matrices are dequantized at load, to ",

@@ -47,7 +47,8 @@ void expect_decodes(const CheckpointTensors& ck, const ModelConfig& c, const std
     }
     ASSERT_EQ(g, w) << "element " << i;
   }
-  // bf16 and f64 are the same values, rounded once / exactly.
+  // f64: the same values, exactly (read again after the first read released
+  // the source pages: they come back from the file).
   const Tensor g64 = load_stored_quant(ck, *s, DType::f64);
   for (int64_t i = 0; i < want.numel(); ++i) {
     if (std::isnan(want.data<float>()[i])) continue;

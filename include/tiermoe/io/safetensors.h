@@ -53,6 +53,12 @@ class SafetensorsFile {
   // as long as any holder of it lives.
   std::shared_ptr<const void> mapping() const { return map_; }
 
+  // Returns the pages wholly inside tensor `name`'s bytes to the kernel
+  // (madvise DONTNEED) once a reader has copied them: the process's resident
+  // set stops counting them, and a later read gets the file's bytes again.
+  // Only for tensors nothing has written through a view (the mapping is
+  // copy-on-write: a written page would revert to the file's bytes).
+  void release(const std::string& name) const;
   // A zero-copy view of an F64, F32 or BF16 tensor (it keeps the mapping
   // alive). The mapping is copy-on-write: writing into a view never changes
   // the file. Data that another writer left unaligned for its dtype comes

@@ -44,7 +44,8 @@ std::optional<StoredQuant> find_stored_quant(const CheckpointTensors& ck, const 
 
 // Its codes and f32 scales, copied into memory of their own (`tag`): the
 // kernels' layout (kernels/quant.h) takes int4's words as they are, int8's
-// packed bytes re-biased to signed ones.
+// packed bytes re-biased to signed ones. The source pages are released
+// (SafetensorsFile::release).
 QuantMatrix read_stored_quant(const CheckpointTensors& ck, const StoredQuant& s,
                               MemTag tag = MemTag::weights);
 
