@@ -35,8 +35,8 @@ TEST(Mxfp4, EveryByteUnderTheExtremeScalesDecodesAsTransformers) {
 }
 
 // The tiny gpt-oss with MXFP4 experts: each decoded matrix is transformers'
-// (x-major there, so transposed), and the eval loss is the dequantized
-// model's in transformers, f64.
+// (x-major there, so transposed), and the eval loss and every gradient are
+// the dequantized model's in transformers, f64.
 TEST(Mxfp4, AGptOssCheckpointLoadsAsTransformersDequantizesIt) {
   testing::SingleThread one_thread;
   CausalLM model = CausalLM::from_checkpoint(kData + "model", DType::f64);
@@ -58,7 +58,10 @@ TEST(Mxfp4, AGptOssCheckpointLoadsAsTransformersDequantizesIt) {
   const std::vector<int32_t> ids(tokens.begin(), tokens.begin() + B * L);
   const std::vector<int32_t> targets(tokens.begin() + 1, tokens.begin() + B * L + 1);
   const double want_loss = expected.at("eval").at("loss");
-  EXPECT_NEAR(model.forward(ids, targets, B, L, false), want_loss, 1e-9 * want_loss);
+  EXPECT_NEAR(model.forward(ids, targets, B, L, /*grad=*/true), want_loss, 1e-9 * want_loss);
+  // Every gradient, the decoded experts' included, as transformers takes it.
+  model.backward();
+  testing::expect_grads_match(model.params(), kData + "grads_eval.safetensors", 1e-9, "mxfp4 eval");
 
   // Bound for LoRA (decoded to bf16, exact: every MXFP4 value is a bf16 one),
   // the f32 run gives the copied f32 run's loss.
