@@ -28,6 +28,7 @@
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/io/tokens.h"
 #include "tiermoe/model/causal_lm.h"
+#include "tiermoe/model/checkpoint.h"
 #include "tiermoe/model/memory_estimate.h"
 #include "tiermoe/train/data.h"
 #include "tiermoe/train/trainer_config.h"
@@ -59,13 +60,18 @@ std::string format_double(double v) {
   return buf;
 }
 
-// The gradients under their HF names, each rounded once from the f32/f64
-// accumulators to `dtype`.
+// The gradients of the trainable parameters under their HF names and in
+// their checkpoint shapes (gpt-oss's x-major experts transposed back), each
+// rounded once from the f32/f64 accumulators to `dtype`. A selection-only
+// buffer (DeepSeek-V3's and GLM-4.5's e_score_correction_bias) has none, as
+// in transformers.
 NamedTensors gradients(CausalLM& model, DType dtype) {
   NamedTensors out;
   for (ModelParam& p : model.params()) {
+    if (!p.requires_grad) continue;
     TIERMOE_ASSERT(p.grad.defined());
-    out.emplace_back(p.name, p.grad.to(dtype, MemTag::grads));
+    const Tensor g = p.grad.to(dtype, MemTag::grads);
+    out.emplace_back(p.name, p.hf_transposed ? swap_last_two_dims(g, MemTag::grads) : g);
   }
   return out;
 }

@@ -169,6 +169,36 @@ TEST_F(CliEval, ShiftedWindowsGiveAnotherLossAndGradients) {
 }
 
 // The human-readable form prints the same loss, to full precision.
+// Every family's transformers fixture (tests/data/families/, the MXFP4
+// gpt-oss): --save-grads writes exactly the trainable parameters' gradients,
+// under their HF names and in their checkpoint shapes (gpt-oss's x-major
+// experts; no entry for DeepSeek-V3's and GLM-4.5's selection-only bias),
+// equal to transformers' f64 gradients.
+TEST_F(CliEval, SaveGradsWritesEveryFamilysGradientsAsTransformersHoldsThem) {
+  const std::string data = std::string(TIERMOE_TEST_DATA_DIR);
+  const std::pair<std::string, std::string> fixtures[] = {
+      {data + "/families/qwen2_moe", ""},
+      {data + "/families/glm4_moe", ""},
+      {data + "/families/qwen3_moe_yarn", ""},
+      {data + "/families/gpt_oss", ""},
+      {data + "/families/deepseek_v3", ""},
+      {data + "/families/deepseek_v3_q_proj", ""},
+      {data + "/families/qwen3_moe_int4", ""},
+      {data + "/families/deepseek_v3_fp8", ""},
+      {data + "/mxfp4/model", data + "/mxfp4"}};
+  for (const auto& [model, files] : fixtures) {
+    SCOPED_TRACE(model);
+    const std::string dir = files.empty() ? model : files;
+    const std::string grads = path("grads.safetensors").string();
+    const RunResult r = run({"eval", "--model", model, "--data", dir + "/tokens.npy", "--seq-len",
+                             "8", "--batch", "2", "--dtype", "f64", "--save-grads", grads});
+    ASSERT_EQ(r.rc, 0) << r.err;
+    const GradComparison c =
+        compare_grads(grads, dir + "/grads_eval.safetensors", "F64", 1e-9, 1e-9);
+    EXPECT_LE(c.worst, 1.0) << "worst gradient element: " << c.worst_at;
+  }
+}
+
 TEST_F(CliEval, PlainOutputPrintsTheLoss) {
   RunResult r = eval("dense_tied_aux", {});
   ASSERT_EQ(r.rc, 0) << r.err;
