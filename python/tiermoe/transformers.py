@@ -48,7 +48,7 @@ def _skip_peft_fold_check():
     """PEFT runs an expert adapter by registering a torch parametrization on the experts module
     at every forward, and torch checks a new parametrization by evaluating it: PEFT's dense fold
     W + scaling * B A of the whole expert stack, which nothing reads when TierMoE computes the
-    adapter from its factors (about 2 s of a 4.9 s step at Qwen3-30B-A3B shapes, README). For
+    adapter from its factors (about 2 s of a 4.9 s step at Qwen3-30B-A3B shapes, docs/python.md). For
     experts modules that run in TierMoE only, PEFT's registration is made with unsafe=True, which
     skips that check and nothing else (no right_inverse runs for PEFT's proxy either way)."""
     try:

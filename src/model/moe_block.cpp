@@ -71,7 +71,7 @@ void MoeBlock::set_experts_requires_grad(bool on) {
   // trainable ones change at every optimizer step, and re-packing all of a
   // layer's weights each step cost more than the kernels saved (full
   // fine-tuning at Qwen3-30B-A3B shapes ran at 0.57-0.95x of one GEMM per
-  // expert, README: Performance). Both give the same bits.
+  // expert, docs/benchmarks.md). Both give the same bits.
   experts_.packs().set_enabled(!on);
 }
 
