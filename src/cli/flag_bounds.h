@@ -19,6 +19,14 @@ CLI::Validator count_in(int64_t lo, int64_t hi, const std::string& why = {});
 // A finite number in [lo, hi] (either may be +-infinity for "no bound").
 CLI::Validator number_in(double lo, double hi, const std::string& why = {});
 
+// Every integer flag of `app` and its subcommands, read in base 10 (CLI11
+// reads "010" as octal 8 and "0x10" as 16) and within its type's range (a
+// negative or too large value is refused, not wrapped): leading zeros are
+// dropped, anything but an optional sign and digits is refused. Call once
+// every option is added. Number flags likewise take only finite numbers
+// (CLI11 reads '' as 0 and takes inf and nan).
+void integers_in_base_10(CLI::App& app);
+
 // The most threads --threads (and --device-threads) take: 4 x the cores this
 // process may run on. More threads than that only oversubscribe the cores
 // (OpenMP threads spin-wait), and past a few thousand libgomp cannot create

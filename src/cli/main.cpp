@@ -38,6 +38,7 @@ int main(int argc, char** argv) {
   tiermoe::cli::add_plan_command(app);
   tiermoe::cli::add_report_command(app);
   tiermoe::cli::add_quantize_command(app);
+  tiermoe::cli::integers_in_base_10(app);
 
   try {
     tiermoe::cli::bound_omp_num_threads();

@@ -166,12 +166,12 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
       if (given(cmd, "--lora-rank")) l.rank = f.lora_rank;
       if (given(cmd, "--lora-alpha")) l.alpha = f.lora_alpha;
       if (given(cmd, "--rslora")) l.rslora = f.rslora;
-      if (!f.lora_targets.empty()) l.targets = parse_lora_targets(f.lora_targets);
+      if (given(cmd, "--lora-targets")) l.targets = parse_lora_targets(f.lora_targets);
     } else {
       l.rank = f.lora_rank;
       l.alpha = given(cmd, "--lora-alpha") ? f.lora_alpha : double(f.lora_rank);
       l.rslora = f.rslora;
-      if (!f.lora_targets.empty()) {
+      if (given(cmd, "--lora-targets")) {  // '' too: refused, not the default
         l.targets = parse_lora_targets(f.lora_targets);
       } else if (!c.model_dir.empty()) {
         // The default is the model's own attention projections (latent
@@ -346,6 +346,14 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   } else if (mpi && mpi->local_size() > 1) {
     // The ranks on this host share its cores.
     set_num_threads(std::max(1, default_num_threads() / mpi->local_size()));
+  }
+  // Flags that promise checkpoints need somewhere to write them.
+  for (const char* flag : {"--save-every", "--keep-last", "--stop-after"}) {
+    if (given(cmd, flag) && f.control.out_dir.empty() && f.resume.empty()) {
+      throw CLI::ValidationError(
+          flag, "saves checkpoints, and the run has no --out to save them in (pass --out DIR, "
+                "or --resume a run, which keeps writing where it was)");
+    }
   }
   TrainConfig config = config_from_flags(f, cmd);
   RunControl control = f.control;

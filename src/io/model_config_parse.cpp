@@ -150,7 +150,17 @@ void parse_rope(const FieldReader& f, ModelConfig& c, double default_theta) {
     // transformers: a missing factor is max_position_embeddings / original.
     s.original_max_position_embeddings = r.get_int(
         "original_max_position_embeddings", f.get_int("original_max_position_embeddings", 0));
-    s.factor = r.get_double("factor", 0.0);
+    // Absent, it is max_position_embeddings / original (below); 0 is not
+    // "absent" but a value transformers' RoPE validation refuses.
+    s.factor = 0.0;
+    if (auto factor = r.opt_double("factor")) {
+      if (!(*factor > 0)) {
+        f.fail(str_of("config field '", key, "' has yarn factor ", *factor),
+               "YaRN's factor is positive; leave it out for max_position_embeddings / "
+               "original_max_position_embeddings");
+      }
+      s.factor = *factor;
+    }
     s.beta_fast = r.get_double("beta_fast", 32.0);
     s.beta_slow = r.get_double("beta_slow", 1.0);
     s.truncate = r.get_bool("truncate", true);
@@ -437,6 +447,12 @@ void parse_gpt_oss(const FieldReader& f, ModelConfig& c) {
       c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
     }
   }
+  for (const char* key : {"swiglu_alpha", "swiglu_limit"}) {
+    if (f.present(key) && !f.has(key)) {  // transformers would multiply by None
+      f.fail(str_of("config field '", key, "' is null"),
+             "give it a number, or leave it out for GptOssConfig's default");
+    }
+  }
   c.swiglu_alpha = f.get_double("swiglu_alpha", 1.702);
   c.swiglu_limit = f.get_double("swiglu_limit", 7.0);
   c.bos_token_id = token_id(f, "bos_token_id", std::nullopt);
@@ -540,6 +556,12 @@ ModelConfig load_model_config(const std::string& path) {
   if (std::filesystem::is_directory(p)) p /= "config.json";
   require_regular_file(p.string(), "config.json",
                        "a checkpoint directory holds config.json next to its safetensors files");
+  // Real configs are a few KB; a huge file is refused before it is read.
+  constexpr uintmax_t kMaxConfigBytes = uintmax_t(16) << 20;
+  const uintmax_t size = std::filesystem::file_size(p);
+  TIERMOE_CHECK(size <= kMaxConfigBytes,
+                str_of("config.json is ", size, " bytes, above the ", kMaxConfigBytes, " TierMoE reads"),
+                p.string(), "a model's config.json is a few KB: is this the right file?");
   std::ifstream in(p, std::ios::binary);
   TIERMOE_CHECK(in.good(), "cannot open config.json", p.string(),
                 "a checkpoint directory holds config.json next to its safetensors files");

@@ -1,5 +1,6 @@
 // CausalLM: remat and absorption options for the MoE blocks, and LoRA over
 // the whole model (enable, parameters, PEFT export and import).
+#include <algorithm>
 #include <cstring>
 #include <map>
 
@@ -66,9 +67,20 @@ void CausalLM::enable_lora(const LoraConfig& cfg, uint64_t seed) {
   for (const std::string& t : lora_default_targets(config_)) {
     attention += (attention.empty() ? "" : ", ") + t;
   }
-  TIERMOE_CHECK(!lora_modules().empty(), "no module of this model matches the LoRA targets", where,
-                "this model's attention projections are " + attention +
-                    "; its MLPs' are gate_proj, up_proj, down_proj");
+  const std::string hint = "this model's attention projections are " + attention +
+                           "; its MLPs' are gate_proj, up_proj, down_proj";
+  const std::vector<LoraModule> modules = lora_modules();
+  TIERMOE_CHECK(!modules.empty(), "no module of this model matches the LoRA targets", where, hint);
+  // Each target names a module of this model (PEFT's suffix rule): a name
+  // another family uses would otherwise adapt nothing and still be exported.
+  for (const std::string& t : cfg.targets) {
+    const bool hit = std::any_of(modules.begin(), modules.end(), [&](const LoraModule& m) {
+      return m.path.ends_with("." + t);
+    });
+    TIERMOE_CHECK(hit, str_of("LoRA target '", t, "' matches no module of this ", config_.model_type,
+                              " model"),
+                  where, hint);
+  }
 }
 
 const LoraConfig& CausalLM::lora_config() const {

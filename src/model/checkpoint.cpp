@@ -105,6 +105,12 @@ class LoadPlan {
     items_.push_back({name, dest, -1, false, true});
   }
   void check_mxfp4(const std::string& name, const Shape& want) {
+    TIERMOE_CHECK(c_.quant_method == "mxfp4",
+                  str_of("checkpoint stores '", name, "_blocks' (MXFP4), but config.json's "
+                         "quantization_config ", c_.quant_method.empty() ? "is absent" : "says " + c_.quant_method),
+                  ck_.dir(),
+                  "gpt-oss's releases say {\"quant_method\": \"mxfp4\"}; transformers refuses the "
+                  "blocks without it too");
     const Shape got = mxfp4_shape(ck_, name);
     TIERMOE_CHECK(got == want,
                   str_of("MXFP4 tensor '", name, "_blocks' decodes to ", shape_str(got),

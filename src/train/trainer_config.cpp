@@ -40,8 +40,10 @@ void TrainConfig::validate() const {
     TIERMOE_CHECK(dtype != DType::f64, "--experts quantizes for the f32 and bf16 kernels",
                   "--experts", "use --dtype bf16 or f32 (f64 runs check the model against transformers)");
   }
+  // Only a run on the built-in corpus reads it (a --data file's own length is
+  // checked when it is opened).
   TIERMOE_CHECK(
-      corpus_tokens > trainer.seq_len,
+      !data_file.empty() || corpus_tokens > trainer.seq_len,
       str_of("the built-in corpus of ", corpus_tokens, " tokens is shorter than one window"),
       "--corpus-tokens", "pass more --corpus-tokens or a smaller --seq-len");
 }

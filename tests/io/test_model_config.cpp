@@ -219,6 +219,25 @@ TEST(ModelConfig, GptOssLayerTypesAreChecked) {
   }
 }
 
+// Values transformers would refuse or crash on are errors, not defaults: a
+// YaRN factor of 0 (read as absent before), a null swiglu_alpha (read as
+// 1.702 before).
+TEST(ModelConfig, ZeroAndNullAreNotAbsent) {
+  for (const auto& [json, words] :
+       {std::pair{R"({"model_type": "gpt_oss", "rope_scaling": {"rope_type": "yarn", "factor": 0}})",
+                  std::vector<std::string>{"has yarn factor 0", "positive"}},
+        {R"({"model_type": "gpt_oss", "swiglu_alpha": null})", {"'swiglu_alpha' is null"}},
+        {R"({"model_type": "gpt_oss", "swiglu_limit": null})", {"'swiglu_limit' is null"}}}) {
+    EXPECT_TRUE(testing::throws_error_with([&] { parse_model_config(json, "config.json"); },
+                                           {words[0], words.back(), "config.json"}))
+        << json;
+  }
+  // Absent, they take the class defaults.
+  const ModelConfig c = parse_model_config(R"({"model_type": "gpt_oss"})", "config.json");
+  EXPECT_EQ(c.swiglu_alpha, 1.702);
+  EXPECT_EQ(c.rope_scaling.factor, 32.0);
+}
+
 TEST(ModelConfig, ParsesTheRealGlm45Air) {
   ModelConfig c = parse_model_config(kGlm45Air, "config.json");
   EXPECT_EQ(c.family, ModelFamily::glm4_moe);

@@ -4,9 +4,11 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <fstream>
 #include <random>
 
 #include "tiermoe/core/error.h"
+#include "io/test_safetensors_util.h"
 #include "tiermoe/io/model_config.h"
 
 namespace tiermoe {
@@ -72,6 +74,18 @@ INSTANTIATE_TEST_SUITE_P(
                    R"({"model_type": "qwen3_moe", "vocab_size": 1000, "eos_token_id": -1})",
                    {"eos_token_id", "-1"}}),
     [](const auto& info) { return std::string(info.param.name); });
+
+// A config.json far past any real one (16 MiB) is refused before it is read
+// (a 300 MB one was read into 1.6 GB before).
+TEST(ModelConfigBounds, AHugeConfigFileIsRefusedUnread) {
+  testing::TempDir dir;
+  {
+    std::ofstream out(dir.file("config.json"));
+    out << R"({"model_type": "qwen3_moe", "pad": ")" << std::string(17 << 20, 'x') << R"("})";
+  }
+  EXPECT_TRUE(testing::throws_error_with([&] { load_model_config(dir.path().string()); },
+                                         {"config.json is 17825", "above the 16777216", "few KB"}));
+}
 
 TEST(ModelConfigBounds, PresetLayersAreBounded) {
   EXPECT_THROW(preset("tiny", int64_t(1) << 40), Error);

@@ -47,10 +47,7 @@ void expect_policies_bitwise(DType dt, bool lora, Family family = Family::qwen3)
     LoraConfig cfg;
     cfg.rank = 2;
     cfg.alpha = 4;
-    cfg.targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
-    if (family == Family::deepseek_v3) {  // MLA's projections
-      cfg.targets.insert({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"});
-    }
+    cfg.targets = lora_default_targets(model.config());  // the attention's (MLA's own)
     if (family != Family::gpt_oss) {  // gpt-oss's experts take no LoRA (yet)
       cfg.targets.insert({"gate_proj", "up_proj", "down_proj"});
     }

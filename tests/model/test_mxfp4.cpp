@@ -96,6 +96,23 @@ class Mxfp4Dir : public testing::DirTest {
   }
 };
 
+// MXFP4 blocks under a config.json without quantization_config: refused,
+// as transformers refuses them (they were decoded anyway before).
+TEST_F(Mxfp4Dir, BlocksWithoutTheirQuantizationConfigAreRefused) {
+  for (const char* f : {"config.json", "model.safetensors"}) {
+    std::filesystem::copy_file(kData + "model/" + f, dir_ / f);
+  }
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(dir_ / "config.json"));
+  config.erase("quantization_config");
+  std::ofstream(dir_ / "config.json") << config.dump(2);
+  for (WeightBinding b : {WeightBinding::copy, WeightBinding::mapped}) {
+    EXPECT_TRUE(testing::throws_error_with(
+        [&] { CausalLM::from_checkpoint(dir_.string(), DType::f32, nullptr, b); },
+        {"experts.gate_up_proj_blocks' (MXFP4)", "quantization_config is absent",
+         "\"quant_method\": \"mxfp4\""}));
+  }
+}
+
 TEST_F(Mxfp4Dir, BadBlocksOrScalesAreClearErrors) {
   EXPECT_TRUE(refused(write({{"w_blocks", "U8", "[1,2,1,16]", 32}}),
                       {"'w_blocks'", "not 'w_scales'", "[E, out, in/32, 16]"}));

@@ -67,11 +67,8 @@ TrainConfig config_of(const Case& k) {
   if (k.lora) {
     c.lora = LoraConfig{};
     c.lora->rank = 4;
-    c.lora->targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+    c.lora->targets = lora_default_targets(preset(k.preset));  // the attention's (MLA's own)
     if (k.adapt_experts) c.lora->targets.insert({"gate_proj", "up_proj", "down_proj"});
-    if (preset(k.preset).mla()) {  // multi-head latent attention's projections
-      c.lora->targets.insert({"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj"});
-    }
   }
   return c;
 }
