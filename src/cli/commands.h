@@ -34,7 +34,7 @@ ProgressSink stderr_progress();
 // config.json) without `force`, else removes its config, tensors and index,
 // so no stale shard survives beside the new files (init.cpp).
 void prepare_out_dir(const std::filesystem::path& out, bool force);
-// Parses a byte count with an optional unit: 5000000000, 5GB, 500MB, 2GiB, 64KiB.
+// Parses a byte count with an optional unit: 5000000000, 5GB, 500MB, 2GiB, 64KiB, 1TB, 1TiB.
 uint64_t parse_bytes(const std::string& text, const std::string& flag);
 
 }  // namespace tiermoe::cli

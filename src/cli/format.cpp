@@ -47,9 +47,16 @@ uint64_t parse_bytes(const std::string& text, const std::string& flag) {
     const char* name;
     uint64_t scale;
   };
-  static const Unit units[] = {{"", 1},          {"B", 1},           {"KB", 1000},
-                               {"MB", 1000'000}, {"GB", 1000'000'000}, {"KiB", 1ull << 10},
-                               {"MiB", 1ull << 20}, {"GiB", 1ull << 30}};
+  static const Unit units[] = {{"", 1},
+                               {"B", 1},
+                               {"KB", 1000},
+                               {"MB", 1000'000},
+                               {"GB", 1000'000'000},
+                               {"TB", 1000'000'000'000},
+                               {"KiB", 1ull << 10},
+                               {"MiB", 1ull << 20},
+                               {"GiB", 1ull << 30},
+                               {"TiB", 1ull << 40}};
   for (const Unit& u : units) {
     if (i > 0 && unit == u.name) {
       TIERMOE_CHECK(value <= UINT64_MAX / u.scale, "byte count " + text + " overflows", flag,
@@ -58,7 +65,7 @@ uint64_t parse_bytes(const std::string& text, const std::string& flag) {
     }
   }
   throw Error("cannot read '" + text + "' as a byte count", flag,
-              "give bytes as a number with an optional unit: 5000000000, 5GB, 500MB, 2GiB");
+              "give bytes as a number with an optional unit: 5000000000, 5GB, 500MB, 2GiB, 1TB");
 }
 
 }  // namespace tiermoe::cli

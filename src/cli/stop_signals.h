@@ -2,7 +2,9 @@
 // SIGINT, SIGTERM and SIGHUP during `tiermoe train`: the first signal asks
 // the run to stop after the step in progress, which then saves a checkpoint,
 // says where it went and exits 128 + the signal's number; a second signal
-// ends the process at once, as it would have without this. Under mpirun,
+// ends the process at once, as it would have without this, unless it comes
+// within a second of the first (a wrapper such as timeout(1) signals both
+// the process and its group: one request, delivered twice). Under mpirun,
 // SIGTERM is left to its handler there (mpirun sends it to end a job one of
 // whose ranks failed), and the ranks agree on a stop after each step.
 #include <signal.h>

@@ -357,7 +357,13 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   }
   TrainConfig config = config_from_flags(f, cmd);
   RunControl control = f.control;
-  if (!f.max_memory.empty()) control.max_memory = parse_bytes(f.max_memory, "--max-memory");
+  if (!f.max_memory.empty()) {
+    control.max_memory = parse_bytes(f.max_memory, "--max-memory");
+    // 0 would read as "no limit" (RunControl's unset value): refused, as --device-memory 0 is.
+    TIERMOE_CHECK(control.max_memory > 0, "--max-memory is 0", "--max-memory",
+                  "give a positive limit, e.g. --max-memory 20GiB, or leave it out for the "
+                  "host's MemAvailable");
+  }
   if (!f.resume.empty()) {
     control.resume = resolve_checkpoint(f.resume);
     // A resumed run keeps writing where it was writing.

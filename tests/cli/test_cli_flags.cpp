@@ -58,6 +58,18 @@ TEST_F(CliFlags, CheckpointFlagsNeedSomewhereToWrite) {
   EXPECT_TRUE(fs::exists(path("run") / "checkpoint-1")) << r.err;
 }
 
+// --max-memory 0 read as "no limit"; --device-memory 0 was refused. Both are
+// refused now, and byte counts take TB and TiB.
+TEST_F(CliFlags, ByteCountsMeanOneThing) {
+  RunResult r = train({"--steps", "1", "--max-memory", "0"});
+  EXPECT_EQ(r.rc, 1);
+  EXPECT_TRUE(contains(r.err, "--max-memory is 0")) << r.err;
+  EXPECT_EQ(train({"--steps", "1", "--max-memory", "1TiB"}).rc, 0);
+  EXPECT_EQ(train({"--steps", "1", "--max-memory", "2TB"}).rc, 0);
+  r = train({"--steps", "1", "--max-memory", "1PB"});
+  EXPECT_TRUE(contains(r.err, "cannot read '1PB' as a byte count")) << r.err;
+}
+
 TEST_F(CliFlags, LoraTargetsNameModulesOfTheModel) {
   RunResult r = train({"--steps", "1", "--lora-targets", ""});  // was the default targets
   EXPECT_NE(r.rc, 0);

@@ -8,7 +8,9 @@
 #include <signal.h>
 #include <sys/wait.h>
 
+#include <chrono>
 #include <set>
+#include <thread>
 
 #include "cli/cli_fixture.h"
 #include "tiermoe/io/tokens.h"
@@ -73,6 +75,23 @@ TEST_F(CliSignals, SigtermAndSighupFromOutsideSaveTheRun) {
   }
 }
 
+// Two SIGTERMs at once, as timeout(1) delivers them (to the process and to
+// its group): one request, so the run still saves its checkpoint.
+TEST_F(CliSignals, TwoSignalsAtOnceAreOneRequest) {
+  const fs::path out = path("o"), log = path("log");
+  const pid_t pid =
+      spawn(quick({"--steps", "1000000", "--progress-every", "1", "--out", out.string()}), log);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_text(log, "step 2/")) << slurp(log);
+  ::kill(pid, SIGTERM);
+  ::kill(pid, SIGTERM);
+  const int status = wait_status(pid);
+  const std::string err = slurp(log);
+  ASSERT_TRUE(WIFEXITED(status)) << "ended by the second signal: " << err;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << err;
+  EXPECT_TRUE(contains(err, "checkpoint saved to " + out.string() + "/checkpoint-")) << err;
+}
+
 // A run that hangs inside a step (the test's fault) keeps waiting after the
 // first SIGINT; the second ends it as SIGINT does, with nothing saved.
 TEST_F(CliSignals, TheSecondSignalEndsTheRunAtOnce) {
@@ -83,6 +102,7 @@ TEST_F(CliSignals, TheSecondSignalEndsTheRunAtOnce) {
   ASSERT_TRUE(wait_for_text(log, "injected fault 'hang'")) << slurp(log);
   ::kill(pid, SIGINT);
   ASSERT_TRUE(wait_for_text(log, "SIGINT received")) << slurp(log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1200));  // past the same-request window
   ::kill(pid, SIGINT);
   const int status = wait_status(pid);
   ASSERT_TRUE(WIFSIGNALED(status)) << slurp(log);
