@@ -161,9 +161,13 @@ void WindowSampler::set_position(const SamplerPosition& p) {
                 str_of("the saved data position (epoch ", p.epoch, ", index ", p.index, ") is outside [0, ",
                        num_windows_, ")"),
                 where, "the checkpoint's data position is corrupt");
+  // The epoch's order is drawn again only when it changes (a rewind within
+  // an epoch, as each step's look ahead does, costs nothing).
+  const bool same_order = !order_.empty() && p.epoch == epoch_ && p.seed == options_.seed &&
+                          p.shuffle == options_.shuffle;
   options_.seed = p.seed;
   options_.shuffle = p.shuffle;
-  start_epoch(p.epoch);
+  if (!same_order) start_epoch(p.epoch);
   index_ = p.index;
 }
 

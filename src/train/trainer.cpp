@@ -107,13 +107,14 @@ StepStats Trainer::accumulate_gradients() {
   Comm* comm = model_.comm();
   const int P = model_.ep_ranks();
   const int64_t passes = options_.grad_accum / P;
-  std::vector<TokenBatch> batches;
-  timed(times, StepPart::data, [&] { batches = draw_step(&s.skipped_batches); });
+  timed(times, StepPart::data, [&] { skip_to_next_step(&s.skipped_batches); });
   for (int64_t pass = 0; pass < passes; ++pass) {
     // Rows padded past their last real token run without that tail: the
     // loss and gradients are the same (data.h), the attention over it is not
     // paid. Every rank cuts the same micro-batch alike, as one process would.
-    const TokenBatch batch = without_padded_tail(std::move(batches[size_t(pass)]));
+    TokenBatch drawn;
+    timed(times, StepPart::data, [&] { drawn = next_micro_batch(); });
+    const TokenBatch batch = without_padded_tail(std::move(drawn));
     if (pass > 0) {
       // The replicated gradients are this micro-batch's alone (folded below).
       TimedPart part(times, StepPart::optimizer);
@@ -156,31 +157,41 @@ StepStats Trainer::accumulate_gradients() {
   return s;
 }
 
-std::vector<TokenBatch> Trainer::draw_step(int64_t* skipped) {
-  Comm* comm = model_.comm();
-  const int P = model_.ep_ranks(), me = comm ? comm->rank() : 0;
+void Trainer::skip_to_next_step(int64_t* skipped) {
+  const int P = model_.ep_ranks();
   const int64_t passes = options_.grad_accum / P;
-  // Every rank draws every micro-batch of the step (keeping its own), so all
-  // see the same count and skip together. The data holds a target somewhere
-  // (SftData checks), so two epochs' worth of draws find one.
+  // Every rank looks at every micro-batch of the step, so all see the same
+  // and skip together. The data holds a target somewhere (SftData checks),
+  // so two epochs' worth of draws find one.
   const int64_t rows_per_step = options_.batch * options_.grad_accum;
   const int64_t max_skips = 2 * (sampler_.num_windows() / rows_per_step + 1);
   for (;;) {
-    std::vector<TokenBatch> mine;
-    int64_t targets = 0;
-    for (int64_t pass = 0; pass < passes; ++pass) {
-      for (int r = 0; r < P; ++r) {
-        TokenBatch b = sampler_.next_batch(options_.batch);
-        targets += count_targets(b.targets_BL);
-        if (r == me) mine.push_back(std::move(b));
-      }
+    const SamplerPosition start = sampler_.position();
+    bool found = false;
+    for (int64_t b = 0; b < passes * P && !found; ++b) {
+      found = count_targets(sampler_.next_batch(options_.batch).targets_BL) > 0;
     }
-    if (targets > 0) return mine;
+    if (found) {
+      sampler_.set_position(start);
+      return;
+    }
+    // None: every batch of it was drawn, so the position is past the step.
     ++*skipped;
     TIERMOE_CHECK(*skipped <= max_skips,
                   str_of(*skipped, " batches in a row held no counted target"), data_.source(),
                   "the data's labels are nearly all -100; give more examples a counted token");
   }
+}
+
+TokenBatch Trainer::next_micro_batch() {
+  Comm* comm = model_.comm();
+  const int P = model_.ep_ranks(), me = comm ? comm->rank() : 0;
+  TokenBatch mine;
+  for (int r = 0; r < P; ++r) {
+    TokenBatch b = sampler_.next_batch(options_.batch);
+    if (r == me) mine = std::move(b);
+  }
+  return mine;
 }
 
 void Trainer::fold_replicated_grads(int64_t pass, int64_t passes) {

@@ -134,9 +134,15 @@ class Trainer {
  private:
   // Adds this pass's replicated gradients into the step's, in rank order.
   void fold_replicated_grads(int64_t pass, int64_t passes);
-  // This rank's micro-batches of the next step, one per pass. Draws that
-  // hold no counted target on any rank are skipped (counted in `skipped`).
-  std::vector<TokenBatch> draw_step(int64_t* skipped);
+  // Moves the data position to the start of the next step whose rows hold a
+  // counted target on some rank, skipping (and counting in `skipped`) whole
+  // steps that hold none. It draws to look, then rewinds: the step's
+  // micro-batches are drawn again one at a time as they run, so memory holds
+  // one, whatever --grad-accum is.
+  void skip_to_next_step(int64_t* skipped);
+  // This rank's next micro-batch: every rank draws the pass's P batches and
+  // keeps its own.
+  TokenBatch next_micro_batch();
 
   CausalLM& model_;
   const RowSource& data_;
