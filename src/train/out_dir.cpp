@@ -68,47 +68,69 @@ uint64_t bytes_under(const fs::path& p) {
 
 }  // namespace
 
+namespace {
+
+// flock(LOCK_EX) on the file at `lock`, created if missing; throws `busy`
+// (its holder's pid added) when another process holds it. The file is
+// removed by the run that ends holding it, so the lock taken may be on a
+// file another run has just unlinked: then the path names a new file (or
+// none), and the lock is taken again on that.
+int take_lock(const std::string& lock, const std::string& busy, const std::string& where,
+              const std::string& hint) {
+  for (;;) {
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    TIERMOE_CHECK(fd >= 0, str_of("cannot open the lock file: ", std::strerror(errno)), lock,
+                  "the directory must be writable");
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      struct stat st {};
+      const int64_t pid = ::fstat(fd, &st) == 0 ? flock_holder(st.st_ino) : 0;
+      ::close(fd);
+      TIERMOE_CHECK(err == EWOULDBLOCK, str_of("cannot take the lock: ", std::strerror(err)),
+                    lock, "write on a local file system that supports flock");
+      throw Error(str_of("another tiermoe run", pid > 0 ? str_of(" (pid ", pid, ")") : "", " ",
+                         busy),
+                  where, hint);
+    }
+    struct stat held = {};
+    struct stat named = {};
+    if (::fstat(fd, &held) == 0 && ::stat(lock.c_str(), &named) == 0 &&
+        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
+      return fd;
+    }
+    ::close(fd);
+  }
+}
+
+}  // namespace
+
 OutDirLock::OutDirLock(const std::string& dir) : path_((fs::path(dir) / kOutDirLockFile).string()) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   TIERMOE_CHECK(!ec, "cannot create the output directory: " + ec.message(), dir,
                 "check the path and its permissions");
-  // The file is removed by the run that ends holding it, so the lock taken
-  // may be on a file another run has just unlinked: then the path names a
-  // new file (or none), and the lock is taken again on that.
-  for (;;) {
-    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    TIERMOE_CHECK(fd_ >= 0, str_of("cannot open the lock file: ", std::strerror(errno)), path_,
-                  "the --out directory must be writable");
-    if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
-      const int err = errno;
-      struct stat st {};
-      const int64_t pid = ::fstat(fd_, &st) == 0 ? flock_holder(st.st_ino) : 0;
-      ::close(fd_);
-      fd_ = -1;
-      TIERMOE_CHECK(err == EWOULDBLOCK,
-                    str_of("cannot lock the output directory: ", std::strerror(err)), path_,
-                    "put --out on a local file system that supports flock");
-      throw Error(str_of("another tiermoe run", pid > 0 ? str_of(" (pid ", pid, ")") : "",
-                         " is writing to this output directory"),
-                  dir,
+  fd_ = take_lock(path_, "is writing to this output directory", dir,
                   "wait until it has finished, or pass another --out (two runs would overwrite "
                   "each other's checkpoints)");
-    }
-    struct stat held = {};
-    struct stat named = {};
-    if (::fstat(fd_, &held) == 0 && ::stat(path_.c_str(), &named) == 0 &&
-        held.st_dev == named.st_dev && held.st_ino == named.st_ino) {
-      return;
-    }
-    ::close(fd_);
-    fd_ = -1;
-  }
 }
 
 OutDirLock::~OutDirLock() {
   if (fd_ < 0) return;
   ::unlink(path_.c_str());  // before the unlock: a waiting run then finds the path gone
+  ::close(fd_);
+}
+
+OutputFileLock::OutputFileLock(const std::string& file, const std::string& flag) {
+  const fs::path p(file);
+  path_ = (p.parent_path() / ("." + p.filename().string() + ".tiermoe.lock")).string();
+  fd_ = take_lock(path_, "is writing " + flag + " " + file, file,
+                  "wait until it has finished, or give this run another " + flag +
+                      " (two runs would mix their lines)");
+}
+
+OutputFileLock::~OutputFileLock() {
+  if (fd_ < 0) return;
+  ::unlink(path_.c_str());
   ::close(fd_);
 }
 

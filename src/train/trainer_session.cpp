@@ -219,6 +219,9 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   // One run at a time on out_dir; rank 0 speaks for the job (out_dir.h).
   const bool rank0 = !control.comm || control.comm->rank() == 0;
   std::optional<OutDirLock> lock;
+  // And one run at a time on --metrics, wherever it lies.
+  std::optional<OutputFileLock> metrics_lock;
+  if (!control.metrics_file.empty() && rank0) metrics_lock.emplace(control.metrics_file, "--metrics");
   if (!control.out_dir.empty() && rank0) {
     lock.emplace(control.out_dir);
     const OutDirCleanup cleaned = clean_out_dir(control.out_dir);

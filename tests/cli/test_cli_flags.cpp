@@ -5,6 +5,7 @@
 // a long --seq-len over a --data file not checked against the built-in
 // corpus. Each was a silent misreading before (issue 48's cases).
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include "cli_fixture.h"
 #include "tiermoe/io/tokens.h"
@@ -86,6 +87,27 @@ TEST_F(CliFlags, LoraTargetsNameModulesOfTheModel) {
                    "q_a_proj,kv_b_proj,o_proj"})
                 .rc,
             0);
+}
+
+// Two runs with their own --out and the same --metrics: the second is
+// refused while the first writes (one run's lines were lost before).
+TEST_F(CliFlags, ASecondRunOnTheSameMetricsFileIsRefused) {
+  const fs::path log = path("log"), metrics = path("m.jsonl");
+  const pid_t pid = spawn({"train", "--layers", "1", "--batch", "2", "--seq-len", "16", "--threads",
+                           "1", "--corpus-tokens", "4096", "--steps", "1000000", "--progress-every",
+                           "1", "--out", path("a").string(), "--metrics", metrics.string()},
+                          log);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_text(log, "step 2/")) << slurp(log);
+  const RunResult second =
+      train({"--steps", "1", "--out", path("b").string(), "--metrics", metrics.string()});
+  ::kill(pid, SIGINT);
+  wait_status(pid);
+  EXPECT_EQ(second.rc, 1);
+  EXPECT_TRUE(contains(second.err, "another tiermoe run (pid ")) << second.err;
+  EXPECT_TRUE(contains(second.err, "is writing --metrics " + metrics.string())) << second.err;
+  // Once the first has ended, the file is free again.
+  EXPECT_EQ(train({"--steps", "1", "--metrics", metrics.string()}).rc, 0);
 }
 
 TEST_F(CliFlags, ALongSeqLenOverADataFileIsNotCheckedAgainstTheBuiltInCorpus) {

@@ -44,6 +44,21 @@ class OutDirLock {
   int fd_ = -1;
 };
 
+// The same lock on a file a run writes outside its --out (--metrics): held
+// on .NAME.tiermoe.lock beside it, so a second run writing the same file
+// fails at once naming `flag` instead of mixing or losing its lines.
+class OutputFileLock {
+ public:
+  OutputFileLock(const std::string& file, const std::string& flag);
+  ~OutputFileLock();
+  OutputFileLock(const OutputFileLock&) = delete;
+  OutputFileLock& operator=(const OutputFileLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
 // What clean_out_dir did, one line per directory, for the run's log.
 struct OutDirCleanup {
   std::vector<std::string> removed;   // temporaries of killed runs
