@@ -108,7 +108,16 @@ StepStats Trainer::accumulate_gradients() {
   const int P = model_.ep_ranks();
   const int64_t passes = options_.grad_accum / P;
   timed(times, StepPart::data, [&] { skip_to_next_step(&s.skipped_batches); });
+  const SamplerPosition step_start = sampler_.position();
+  // A stop asked for mid-step abandons it (one process without a device
+  // tier: nothing else has seen the step yet).
+  const bool pollable = stop_poll_ && P == 1 && model_.device_tier() == nullptr;
   for (int64_t pass = 0; pass < passes; ++pass) {
+    if (pass > 0 && pollable && stop_poll_()) {
+      sampler_.set_position(step_start);
+      zero_grads(params_);
+      throw StepAbandoned{};
+    }
     // Rows padded past their last real token run without that tail: the
     // loss and gradients are the same (data.h), the attention over it is not
     // paid. Every rank cuts the same micro-batch alike, as one process would.

@@ -279,6 +279,9 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                                          control.progress_tty);
   }
   Trainer trainer(model, data, config.trainer);
+  if (control.stop_requested && !comm) {
+    trainer.set_stop_poll([&] { return control.stop_requested() != 0; });
+  }
   if (ck) trainer.restore(ck->state, optimizer_state_for(ck->optimizer, model));
 
   TrainSummary out;
@@ -384,7 +387,13 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
         break;
       }
       if (control.before_step) control.before_step(trainer.steps_done() + 1);
-      const StepStats s = trainer.step();
+      StepStats s;
+      try {
+        s = trainer.step();
+      } catch (const StepAbandoned&) {
+        out.stopped_by = control.stop_requested();  // the state is the last whole step's
+        break;
+      }
       if (s.skipped_batches > 0 && out.skipped_batches == 0 && log) {
         *log << "train: warning: step " << s.step << " skipped a batch whose rows hold no counted "
              << "target (every label -100); such batches are skipped and counted in the summary\n";

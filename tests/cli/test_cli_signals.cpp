@@ -92,6 +92,28 @@ TEST_F(CliSignals, TwoSignalsAtOnceAreOneRequest) {
   EXPECT_TRUE(contains(err, "checkpoint saved to " + out.string() + "/checkpoint-")) << err;
 }
 
+// A stop does not wait out a long step: between micro-batches the step is
+// abandoned whole (no update), and the run ends as a stop does. The step
+// here is 200,000 micro-batches (20 s or more on 2 cores); the stop waits
+// for one.
+TEST_F(CliSignals, AStopAbandonsALongGradAccumStep) {
+  const fs::path out = path("o"), log = path("log");
+  const pid_t pid =
+      spawn(quick({"--steps", "2", "--grad-accum", "200000", "--out", out.string()}), log);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(wait_for_text(log, "train: ")) << slurp(log);  // loaded; step 1 under way
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const auto sent = std::chrono::steady_clock::now();
+  ::kill(pid, SIGINT);
+  const int status = wait_status(pid);
+  const double waited =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sent).count();
+  ASSERT_TRUE(WIFEXITED(status)) << slurp(log);
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGINT) << slurp(log);
+  EXPECT_LT(waited, 5.0) << slurp(log);
+  EXPECT_FALSE(contains(slurp(log), "step 1/")) << slurp(log);  // abandoned, not finished
+}
+
 // A run that hangs inside a step (the test's fault) keeps waiting after the
 // first SIGINT; the second ends it as SIGINT does, with nothing saved.
 TEST_F(CliSignals, TheSecondSignalEndsTheRunAtOnce) {

@@ -33,6 +33,7 @@
 // optimizer's state_tensors() and TrainerState (step, data position,
 // losses); restoring the three continues bitwise identically.
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -103,6 +104,11 @@ struct TrainerState {
   std::vector<double> losses;  // one per step done
 };
 
+// Thrown by Trainer::step when its stop poll asked for a stop between two
+// micro-batches: the step is abandoned whole (no update, the data position
+// back at its start), so the state is the last whole step's.
+struct StepAbandoned {};
+
 class Trainer {
  public:
   // `model` and `data` must outlive the trainer. Builds the optimizer over
@@ -115,6 +121,10 @@ class Trainer {
   StepStats accumulate_gradients();
   // One whole optimizer step.
   StepStats step();
+  // Asked between the micro-batches of a step (one process, no device
+  // tier): true abandons the step (StepAbandoned), so a stop does not wait
+  // out a long --grad-accum.
+  void set_stop_poll(std::function<bool()> poll) { stop_poll_ = std::move(poll); }
 
   int64_t steps_done() const { return step_; }
   bool finished() const { return step_ >= options_.steps; }
@@ -152,6 +162,7 @@ class Trainer {
   std::vector<Parameter> params_;
   std::unique_ptr<Optimizer> optimizer_;
   std::vector<Tensor> fold_acc_;  // per parameter: the step's replicated gradient so far
+  std::function<bool()> stop_poll_;
   int64_t step_ = 0;
   std::vector<double> losses_;
 };
