@@ -189,8 +189,10 @@ TrainConfig config_from_flags(TrainFlags& f, const CLI::App& cmd) {
   }
   if (!f.device_memory.empty()) {
     c.tier.device_memory = parse_bytes(f.device_memory, "--device-memory");
-    TIERMOE_CHECK(c.tier.device_memory > 0, "--device-memory is 0", "--device-memory",
-                  "give the device tier a positive budget, e.g. --device-memory 2GiB");
+    if (c.tier.device_memory == 0) {
+      throw CLI::ValidationError("--device-memory",
+                                 "is 0: give the device tier a positive budget, e.g. 2GiB");
+    }
   }
   c.tier.replan = !f.no_replan;
   // trainer_state.json records the files by absolute real path, so a resume
@@ -360,9 +362,11 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   if (!f.max_memory.empty()) {
     control.max_memory = parse_bytes(f.max_memory, "--max-memory");
     // 0 would read as "no limit" (RunControl's unset value): refused, as --device-memory 0 is.
-    TIERMOE_CHECK(control.max_memory > 0, "--max-memory is 0", "--max-memory",
-                  "give a positive limit, e.g. --max-memory 20GiB, or leave it out for the "
-                  "host's MemAvailable");
+    if (control.max_memory == 0) {
+      throw CLI::ValidationError("--max-memory",
+                                 "is 0: give a positive limit, e.g. 20GiB, or leave it out for the "
+                                 "host's MemAvailable");
+    }
   }
   if (!f.resume.empty()) {
     control.resume = resolve_checkpoint(f.resume);

@@ -121,9 +121,8 @@ StepStats Trainer::accumulate_gradients() {
     // Rows padded past their last real token run without that tail: the
     // loss and gradients are the same (data.h), the attention over it is not
     // paid. Every rank cuts the same micro-batch alike, as one process would.
-    TokenBatch drawn;
-    timed(times, StepPart::data, [&] { drawn = next_micro_batch(); });
-    const TokenBatch batch = without_padded_tail(std::move(drawn));
+    TokenBatch batch;
+    timed(times, StepPart::data, [&] { batch = without_padded_tail(next_micro_batch()); });
     if (pass > 0) {
       // The replicated gradients are this micro-batch's alone (folded below).
       TimedPart part(times, StepPart::optimizer);

@@ -265,8 +265,8 @@ TEST_F(CliBounds, FlagsThatWereSilentlyAcceptedAreRefused) {
   expect_refused(quick_train({"--device-memory", "1MB"}), 2, {"--device-memory", "--device"});
   expect_refused(quick_train({"--profile-in", path("p.json").string()}), 2,
                  {"--profile-in", "--device"});
-  expect_refused(quick_train({"--device", "cpu", "--device-memory", "0"}), 1,
-                 {"--device-memory is 0"});
+  expect_refused(quick_train({"--device", "cpu", "--device-memory", "0"}), 2,
+                 {"--device-memory: is 0"});
   expect_refused({"plan", "--preset", "tiny", "--synthetic-zipf", "1", "--tokens", "0",
                   "--device-memory", "1MB"},
                  2, {"--tokens"});

@@ -63,8 +63,11 @@ TEST_F(CliFlags, CheckpointFlagsNeedSomewhereToWrite) {
 // refused now, and byte counts take TB and TiB.
 TEST_F(CliFlags, ByteCountsMeanOneThing) {
   RunResult r = train({"--steps", "1", "--max-memory", "0"});
-  EXPECT_EQ(r.rc, 1);
-  EXPECT_TRUE(contains(r.err, "--max-memory is 0")) << r.err;
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_TRUE(contains(r.err, "--max-memory: is 0")) << r.err;
+  r = train({"--steps", "1", "--device", "cpu", "--device-memory", "0"});
+  EXPECT_EQ(r.rc, 2);
+  EXPECT_TRUE(contains(r.err, "--device-memory: is 0")) << r.err;
   EXPECT_EQ(train({"--steps", "1", "--max-memory", "1TiB"}).rc, 0);
   EXPECT_EQ(train({"--steps", "1", "--max-memory", "2TB"}).rc, 0);
   r = train({"--steps", "1", "--max-memory", "1PB"});
