@@ -127,8 +127,10 @@ void run_eval(const EvalOptions& o) {
                   str_of("--experts ", o.experts, " is read from checkpoints, not made at load"),
                   "--experts", "quantize at load to int4 or int8");
     TIERMOE_CHECK(config.quant_method.empty(),
-                  str_of("--experts ", o.experts, " would quantize experts the checkpoint already "
-                         "ships at low width (", config.quant_method, ")"),
+                  str_of("--experts ", o.experts,
+                         " would quantize experts the checkpoint already "
+                         "ships at low width (",
+                         config.quant_method, ")"),
                   "--experts", "drop --experts: the stored experts are read at their width");
     TIERMOE_CHECK(!grad_run && dtype != DType::f64,
                   "--experts evaluates the f32 and bf16 kernels over frozen quantized experts",

@@ -57,8 +57,7 @@ CLI::Validator base_10(bool is_unsigned) {
       [=](std::string& text) -> std::string {
         const bool sign = !text.empty() && (text[0] == '-' || text[0] == '+');
         std::string digits = text.substr(sign ? 1 : 0);
-        if (digits.empty() ||
-            digits.find_first_not_of("0123456789") != std::string::npos) {
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) {
           return "'" + text + "' is not a base-10 integer";
         }
         const bool negative = sign && text[0] == '-';
@@ -72,8 +71,8 @@ CLI::Validator base_10(bool is_unsigned) {
           std::strtoll((negative ? "-" + digits : digits).c_str(), nullptr, 10);
         }
         if (errno == ERANGE) {
-          return text + " is outside the range of a " + (is_unsigned ? "64-bit unsigned" : "64-bit") +
-                 " integer";
+          return text + " is outside the range of a " +
+                 (is_unsigned ? "64-bit unsigned" : "64-bit") + " integer";
         }
         text = (negative && digits != "0" ? "-" : "") + digits;
         return {};

@@ -26,8 +26,8 @@
 #include "tiermoe/io/hf_names.h"
 #include "tiermoe/io/model_config.h"
 #include "tiermoe/io/pack_quantized.h"
-#include "tiermoe/model/checkpoint.h"
 #include "tiermoe/io/safetensors.h"
+#include "tiermoe/model/checkpoint.h"
 
 namespace tiermoe::cli {
 
@@ -102,12 +102,15 @@ struct ExpertsAs {
 Mxfp4Stack mxfp4_stack(const std::string& name, const Tensor& x_major) {
   const Tensor w = swap_last_two_dims(x_major);
   const int64_t E = w.size(0), R = w.size(1), K = w.size(2);
-  Mxfp4Stack m{name, {E, R, K}, std::vector<uint8_t>(size_t(E * R * K / 2)),
+  Mxfp4Stack m{name,
+               {E, R, K},
+               std::vector<uint8_t>(size_t(E * R * K / 2)),
                std::vector<uint8_t>(size_t(E * R * K / 32))};
   for (int64_t e = 0; e < E; ++e) {
     const QuantMatrix q = quantize_mxfp4(w.select(e));
     for (int64_t r = 0; r < R; ++r) {
-      std::memcpy(m.blocks.data() + (e * R + r) * K / 2, q.codes + r * q.code_stride, size_t(K / 2));
+      std::memcpy(m.blocks.data() + (e * R + r) * K / 2, q.codes + r * q.code_stride,
+                  size_t(K / 2));
       std::memcpy(m.scales.data() + (e * R + r) * K / 32,
                   static_cast<const uint8_t*>(q.scales) + r * q.scale_stride, size_t(K / 32));
     }
@@ -160,8 +163,8 @@ Shard make_shard(const std::vector<HfTensor>& tensors, const std::vector<size_t>
     if (experts.format == QuantFormat::mxfp4) {
       out.mxfp4.push_back(mxfp4_stack(t.name, w));
     } else {
-      const std::string module = t.name.substr(0, t.name.size() - std::string(".weight").size());
-      out.packed.emplace_back(module, pack_quantized(quantize_int(w, *experts.format, experts.group)));
+      out.packed.emplace_back(hf_module_of(t.name),
+                              pack_quantized(quantize_int(w, *experts.format, experts.group)));
     }
   }
   return out;
@@ -192,13 +195,13 @@ void run_init(const InitOptions& o) {
     // gpt-oss ships MXFP4 (its fused experts); the per-expert families
     // compressed-tensors' int4/int8.
     const bool mxfp4 = experts.format == QuantFormat::mxfp4;
-    TIERMOE_CHECK(config.gpt_oss() ? mxfp4
-                                   : experts.format == QuantFormat::int4 ||
-                                         experts.format == QuantFormat::int8,
-                  str_of("--experts ", o.experts, " is not written for ", config.model_type),
-                  "--experts",
-                  config.gpt_oss() ? "gpt-oss's experts are written as its releases ship them: mxfp4"
-                                   : "int4 or int8 (compressed-tensors' pack-quantized)");
+    TIERMOE_CHECK(
+        config.gpt_oss()
+            ? mxfp4
+            : experts.format == QuantFormat::int4 || experts.format == QuantFormat::int8,
+        str_of("--experts ", o.experts, " is not written for ", config.model_type), "--experts",
+        config.gpt_oss() ? "gpt-oss's experts are written as its releases ship them: mxfp4"
+                         : "int4 or int8 (compressed-tensors' pack-quantized)");
     for (const HfTensor& t : tensors) {
       // The input width: dimension 1 of [out, in] and of gpt-oss's x-major [E, in, out].
       const int64_t in = t.shape[1], g = mxfp4 ? 32 : o.group;

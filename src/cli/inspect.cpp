@@ -250,8 +250,8 @@ void print_text(const Report& r, bool summary) {
       for (int64_t g : w.groups) groups += (groups.empty() ? "" : ",") + std::to_string(g);
       char bits[32];
       std::snprintf(bits, sizeof bits, "%.2f", double(w.bytes) * 8 / double(w.params));
-      os << "stored at " << format << " (" << c.quant_method << ", group " << groups << "): "
-         << w.matrices << " matrices, " << with_commas(w.params) << " parameters in "
+      os << "stored at " << format << " (" << c.quant_method << ", group " << groups
+         << "): " << w.matrices << " matrices, " << with_commas(w.params) << " parameters in "
          << human_bytes(w.bytes) << " (" << bits << " bits each, scales included)\n";
     }
     if (r.mismatches.empty()) {

@@ -63,11 +63,12 @@ void check_source(const QuantizeOptions& o, const ModelConfig& c, const Checkpoi
   TIERMOE_CHECK(!experts.empty(), "the model has no routed experts", o.model,
                 "quantize writes a mixture-of-experts' routed experts at low width");
   const HfTensor& first = experts.front();
-  TIERMOE_CHECK(ck.contains(first.name),
-                str_of("checkpoint lacks '", first.name, "' (its experts are not stored one by one)"),
-                o.model,
-                "quantize reads the per-expert layout save_pretrained writes (transformers 5: "
-                "save_original_format=True); TierMoE's own checkpoints are in it");
+  TIERMOE_CHECK(
+      ck.contains(first.name),
+      str_of("checkpoint lacks '", first.name, "' (its experts are not stored one by one)"),
+      o.model,
+      "quantize reads the per-expert layout save_pretrained writes (transformers 5: "
+      "save_original_format=True); TierMoE's own checkpoints are in it");
   for (const HfTensor& t : experts) {
     TIERMOE_CHECK(t.shape[1] % o.group == 0,
                   str_of("--group ", o.group, " does not divide the input width ", t.shape[1],
@@ -104,7 +105,8 @@ void run_quantize(const QuantizeOptions& o) {
   const uint64_t max_shard = parse_bytes(o.max_shard_size, "--max-shard-size");
   TIERMOE_CHECK(max_shard > 0, "--max-shard-size must be positive", "--max-shard-size",
                 "the default is 5GB");
-  const fs::path src = fs::is_directory(o.model) ? fs::path(o.model) : fs::path(o.model).parent_path();
+  const fs::path src =
+      fs::is_directory(o.model) ? fs::path(o.model) : fs::path(o.model).parent_path();
   const ModelConfig config = load_model_config(o.model);
   const CheckpointTensors ck = CheckpointTensors::open(o.model);
   std::vector<HfTensor> experts = hf_tensors(config);
@@ -150,12 +152,13 @@ void run_quantize(const QuantizeOptions& o) {
       const Unit& u = units[i];
       const SafetensorsEntry& e = ck.entry(u.name);
       if (!u.expert) {
-        tensors.push_back({u.name, e.dtype, e.shape, ck.file_of(u.name).bytes(u.name).data(),
-                           e.nbytes()});
+        tensors.push_back(
+            {u.name, e.dtype, e.shape, ck.file_of(u.name).bytes(u.name).data(), e.nbytes()});
       } else {
         packed.push_back(pack_quantized(quantize_int(ck.view(u.name), format, o.group)));
-        const std::string module = u.name.substr(0, u.name.size() - std::string(".weight").size());
-        for (TensorBytes& t : packed.back().tensors(module)) tensors.push_back(std::move(t));
+        for (TensorBytes& t : packed.back().tensors(hf_module_of(u.name))) {
+          tensors.push_back(std::move(t));
+        }
       }
       meter.advance(double(e.nbytes()));
     }
@@ -172,8 +175,8 @@ void run_quantize(const QuantizeOptions& o) {
   copy_side_files(src, out);
   // config.json goes last: a directory with a config.json is a finished checkpoint.
   nlohmann::ordered_json cfg = nlohmann::ordered_json::parse(read_text(src / "config.json"));
-  cfg["quantization_config"] = nlohmann::ordered_json::parse(
-      pack_quantized_config(config, format, o.group).dump());
+  cfg["quantization_config"] =
+      nlohmann::ordered_json::parse(pack_quantized_config(config, format, o.group).dump());
   write_file_atomic((out / "config.json").string(), cfg.dump(2) + "\n");
 
   std::cout << "wrote " << out.string() << ": " << experts.size() << " expert matrices at "
@@ -192,8 +195,7 @@ void add_quantize_command(CLI::App& app) {
       "quantize",
       "Write a checkpoint with its routed experts at int4 or int8 (compressed-tensors' "
       "pack-quantized, as llm-compressor writes it; transformers, vLLM and TierMoE read it)");
-  cmd->add_option("--model", o->model, "Checkpoint directory to read (bf16 or f32)")
-      ->required();
+  cmd->add_option("--model", o->model, "Checkpoint directory to read (bf16 or f32)")->required();
   cmd->add_option("--out", o->out, "Checkpoint directory to write")->required();
   cmd->add_option("--experts", o->experts, "int4|int8")->required();
   cmd->add_option("--group", o->group, "Input columns per scale (compressed-tensors' group_size)")

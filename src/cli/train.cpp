@@ -353,8 +353,9 @@ void run_train_on(TrainFlags& f, const CLI::App& cmd, MpiComm* mpi) {
   for (const char* flag : {"--save-every", "--keep-last", "--stop-after"}) {
     if (given(cmd, flag) && f.control.out_dir.empty() && f.resume.empty()) {
       throw CLI::ValidationError(
-          flag, "saves checkpoints, and the run has no --out to save them in (pass --out DIR, "
-                "or --resume a run, which keeps writing where it was)");
+          flag,
+          "saves checkpoints, and the run has no --out to save them in (pass --out DIR, "
+          "or --resume a run, which keeps writing where it was)");
     }
   }
   TrainConfig config = config_from_flags(f, cmd);

@@ -138,6 +138,11 @@ std::string_view shared_expert_module(ModelFamily family) {
   return family == ModelFamily::qwen2_moe ? "shared_expert" : "shared_experts";
 }
 
+std::string hf_module_of(const std::string& weight) {
+  static constexpr std::string_view kSuffix = ".weight";
+  return weight.ends_with(kSuffix) ? weight.substr(0, weight.size() - kSuffix.size()) : weight;
+}
+
 bool is_ignored_checkpoint_tensor(const ModelConfig& c, const std::string& name) {
   if (name.ends_with("rotary_emb.inv_freq")) return true;
   if (c.num_nextn_predict_layers <= 0 || !name.starts_with("model.layers.")) return false;

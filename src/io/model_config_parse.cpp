@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "quant_config.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/files.h"
-#include "quant_config.h"
 #include "tiermoe/io/model_config.h"
 
 namespace tiermoe {
@@ -559,9 +559,10 @@ ModelConfig load_model_config(const std::string& path) {
   // Real configs are a few KB; a huge file is refused before it is read.
   constexpr uintmax_t kMaxConfigBytes = uintmax_t(16) << 20;
   const uintmax_t size = std::filesystem::file_size(p);
-  TIERMOE_CHECK(size <= kMaxConfigBytes,
-                str_of("config.json is ", size, " bytes, above the ", kMaxConfigBytes, " TierMoE reads"),
-                p.string(), "a model's config.json is a few KB: is this the right file?");
+  TIERMOE_CHECK(
+      size <= kMaxConfigBytes,
+      str_of("config.json is ", size, " bytes, above the ", kMaxConfigBytes, " TierMoE reads"),
+      p.string(), "a model's config.json is a few KB: is this the right file?");
   std::ifstream in(p, std::ios::binary);
   TIERMOE_CHECK(in.good(), "cannot open config.json", p.string(),
                 "a checkpoint directory holds config.json next to its safetensors files");

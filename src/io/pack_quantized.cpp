@@ -10,9 +10,15 @@ namespace tiermoe {
 using detail::str_of;
 
 std::vector<TensorBytes> PackedMatrix::tensors(const std::string& module) const {
-  return {{module + ".weight_packed", "I32", {shape[0], packed_cols}, packed.data(),
+  return {{module + ".weight_packed",
+           "I32",
+           {shape[0], packed_cols},
+           packed.data(),
            uint64_t(packed.size())},
-          {module + ".weight_scale", "BF16", {shape[0], scale_cols}, scale.data(),
+          {module + ".weight_scale",
+           "BF16",
+           {shape[0], scale_cols},
+           scale.data(),
            uint64_t(scale.size()) * 2},
           {module + ".weight_shape", "I64", {2}, shape, 16}};
 }
@@ -67,9 +73,8 @@ uint64_t pack_quantized_bytes(QuantFormat format, int64_t rows, int64_t cols, in
 
 nlohmann::json pack_quantized_config(const ModelConfig& config, QuantFormat format, int64_t group) {
   const bool mixtral = config.family == ModelFamily::mixtral;
-  const std::string experts =
-      mixtral ? R"(re:.*block_sparse_moe\.experts\.\d+\.(w1|w2|w3)$)"
-              : R"(re:.*mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)$)";
+  const std::string experts = mixtral ? R"(re:.*block_sparse_moe\.experts\.\d+\.(w1|w2|w3)$)"
+                                      : R"(re:.*mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)$)";
   const nlohmann::json weights = {{"num_bits", quant_code_bits(format)},
                                   {"type", "int"},
                                   {"symmetric", true},

@@ -39,9 +39,9 @@ void parse_compressed_tensors(const Json& q, const std::string& path, ModelConfi
       "format pack-quantized or int-quantized, type int, strategy group or channel), as "
       "llm-compressor writes them";
   const std::string format = string_at(q, "format");
-  TIERMOE_CHECK(format == "pack-quantized" || format == "int-quantized" ||
-                    format == "naive-quantized",
-                str_of("quantization_config.format is '", format, "'"), path, hint);
+  TIERMOE_CHECK(
+      format == "pack-quantized" || format == "int-quantized" || format == "naive-quantized",
+      str_of("quantization_config.format is '", format, "'"), path, hint);
   const std::string status = string_at(q, "quantization_status");
   TIERMOE_CHECK(status.empty() || status == "compressed",
                 str_of("quantization_config.quantization_status is '", status, "'"), path,
@@ -77,11 +77,10 @@ void parse_compressed_tensors(const Json& q, const std::string& path, ModelConfi
                   str_of(where, ".weights.group_size is ",
                          w.contains("group_size") ? w.at("group_size").dump() : "absent"),
                   path, "a group strategy names its positive group_size");
-    TIERMOE_CHECK(
-        c.quant_bits == 0 || (c.quant_bits == bits && c.quant_group == group_size),
-        str_of(where, " has ", bits, " bits, group ", group_size, "; another group has ",
-               c.quant_bits, ", ", c.quant_group),
-        path, "TierMoE reads checkpoints whose quantized matrices share one scheme");
+    TIERMOE_CHECK(c.quant_bits == 0 || (c.quant_bits == bits && c.quant_group == group_size),
+                  str_of(where, " has ", bits, " bits, group ", group_size, "; another group has ",
+                         c.quant_bits, ", ", c.quant_group),
+                  path, "TierMoE reads checkpoints whose quantized matrices share one scheme");
     c.quant_bits = bits;
     c.quant_group = group_size;
   }
@@ -92,8 +91,8 @@ void parse_compressed_tensors(const Json& q, const std::string& path, ModelConfi
 void parse_quantization_config(const Json& q, const std::string& path, ModelConfig& c) {
   c.quant_method = string_at(q, "quant_method");
   if (c.quant_method == "mxfp4") {
-    TIERMOE_CHECK(c.gpt_oss(), str_of("quantization_config asks for mxfp4 on ", c.model_type),
-                  path, "MXFP4 checkpoints are gpt-oss's (its experts' _blocks and _scales)");
+    TIERMOE_CHECK(c.gpt_oss(), str_of("quantization_config asks for mxfp4 on ", c.model_type), path,
+                  "MXFP4 checkpoints are gpt-oss's (its experts' _blocks and _scales)");
     return;
   }
   if (c.quant_method == "fp8") return parse_fp8(q, path);

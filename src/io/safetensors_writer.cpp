@@ -29,7 +29,8 @@ void save_safetensors(const std::string& path, const NamedTensors& tensors,
   std::vector<TensorBytes> bytes;
   for (const auto& [name, t] : tensors) {
     TIERMOE_CHECK(t.defined(), "tensor is undefined",
-                  path + ": tensor '" + detail::printable(name) + "'", "this is a bug in the caller");
+                  path + ": tensor '" + detail::printable(name) + "'",
+                  "this is a bug in the caller");
     bytes.push_back({name, safetensors_dtype_name(t.dtype()), t.shape(), t.raw(), t.nbytes()});
   }
   save_safetensors(path, bytes, metadata);
@@ -45,10 +46,11 @@ void save_safetensors(const std::string& path, const std::vector<TensorBytes>& t
                   "each tensor name may appear once in a file");
     TIERMOE_CHECK(name != "__metadata__", "\"__metadata__\" is reserved for the metadata", where,
                   "rename the tensor");
-    TIERMOE_CHECK(t.nbytes == uint64_t(shape_numel(t.shape)) * safetensors_dtype_bits(t.dtype) / 8 &&
-                      (t.data || t.nbytes == 0),
-                  str_of(t.nbytes, " bytes for ", t.dtype, " ", shape_str(t.shape)), where,
-                  "this is a bug in the caller");
+    TIERMOE_CHECK(
+        t.nbytes == uint64_t(shape_numel(t.shape)) * safetensors_dtype_bits(t.dtype) / 8 &&
+            (t.data || t.nbytes == 0),
+        str_of(t.nbytes, " bytes for ", t.dtype, " ", shape_str(t.shape)), where,
+        "this is a bug in the caller");
     check_utf8(name, "tensor name", path);
   }
   for (const auto& [key, value] : metadata) {

@@ -4,6 +4,7 @@
 
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/parallel.h"
+#include "tiermoe/io/hf_names.h"
 
 namespace tiermoe {
 
@@ -12,13 +13,6 @@ namespace {
 using detail::str_of;
 
 constexpr int64_t kFp8Block = 128;
-
-std::string module_of(const std::string& weight) {
-  static constexpr std::string_view kSuffix = ".weight";
-  return weight.size() > kSuffix.size() && weight.ends_with(kSuffix)
-             ? weight.substr(0, weight.size() - kSuffix.size())
-             : weight;
-}
 
 // Element i of a BF16 or F32 tensor's bytes as f32.
 float scale_at(const std::byte* p, const std::string& dtype, int64_t i) {
@@ -60,7 +54,7 @@ class Checker {
 
 std::optional<StoredQuant> find_compressed(const CheckpointTensors& ck, const ModelConfig& c,
                                            const std::string& weight) {
-  const std::string m = module_of(weight);
+  const std::string m = hf_module_of(weight);
   const std::string packed = m + ".weight_packed", scale = m + ".weight_scale",
                     shape_name = m + ".weight_shape";
   const bool int_quantized = !ck.contains(packed) && ck.contains(weight) &&
@@ -76,10 +70,11 @@ std::optional<StoredQuant> find_compressed(const CheckpointTensors& ck, const Mo
                   "TierMoE reads symmetric int4/int8 without activation order (g_idx); "
                   "requantize with symmetric: true and actorder null or \"static\"");
   }
-  const std::string hint = str_of(
-      "compressed-tensors stores a ", c.quant_bits, "-bit matrix [out, in] as <module>.weight_packed "
-      "I32 [out, ceil(in * bits / 32)], <module>.weight_scale [out, ceil(in / group)] and "
-      "<module>.weight_shape I64 [2]");
+  const std::string hint =
+      str_of("compressed-tensors stores a ", c.quant_bits,
+             "-bit matrix [out, in] as <module>.weight_packed "
+             "I32 [out, ceil(in * bits / 32)], <module>.weight_scale [out, ceil(in / group)] and "
+             "<module>.weight_shape I64 [2]");
   const Checker check(ck, hint);
   StoredQuant s;
   s.weight = weight;
@@ -119,14 +114,15 @@ std::optional<StoredQuant> find_stored_quant(const CheckpointTensors& ck, const 
                                              const std::string& weight) {
   if (auto s = find_compressed(ck, c, weight)) return s;
   if (!ck.contains(weight) || ck.entry(weight).dtype != "F8_E4M3") return std::nullopt;
-  const std::string scale = module_of(weight) + ".weight_scale_inv";
+  const std::string scale = hf_module_of(weight) + ".weight_scale_inv";
   const Shape shape = ck.entry(weight).shape;
-  const Checker check(ck, "block FP8 stores a matrix [out, in] as <module>.weight F8_E4M3 and "
-                          "<module>.weight_scale_inv F32 [ceil(out / 128), ceil(in / 128)]");
-  TIERMOE_CHECK(shape.size() == 2, str_of("'", weight, "' is F8_E4M3 ", shape_str(shape)),
-                ck.dir(), "an FP8 matrix is 2-D, [out, in]");
-  check.entry(scale, {"F32"}, {(shape[0] + kFp8Block - 1) / kFp8Block,
-                               (shape[1] + kFp8Block - 1) / kFp8Block});
+  const Checker check(ck,
+                      "block FP8 stores a matrix [out, in] as <module>.weight F8_E4M3 and "
+                      "<module>.weight_scale_inv F32 [ceil(out / 128), ceil(in / 128)]");
+  TIERMOE_CHECK(shape.size() == 2, str_of("'", weight, "' is F8_E4M3 ", shape_str(shape)), ck.dir(),
+                "an FP8 matrix is 2-D, [out, in]");
+  check.entry(scale, {"F32"},
+              {(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block});
   return StoredQuant{weight, QuantFormat::fp8, shape, kFp8Block, {weight, scale}};
 }
 
@@ -167,6 +163,40 @@ QuantMatrix read_stored_quant(const CheckpointTensors& ck, const StoredQuant& s,
 Tensor load_stored_quant(const CheckpointTensors& ck, const StoredQuant& s, DType dtype,
                          MemTag tag) {
   return dequantize(read_stored_quant(ck, s, MemTag::activations), dtype, tag);
+}
+
+std::vector<StoredQuant> find_stored_parts(const CheckpointTensors& ck, const ModelConfig& config,
+                                           const std::vector<std::string>& weights) {
+  std::vector<StoredQuant> parts;
+  for (const std::string& w : weights) {
+    if (auto q = find_stored_quant(ck, config, w)) parts.push_back(std::move(*q));
+  }
+  TIERMOE_CHECK(
+      parts.empty() || parts.size() == weights.size(),
+      str_of("'", weights.front(), "' and '", weights.back(), "' are stored at different widths"),
+      ck.dir(), "a checkpoint quantizes an MLP's gate and up projections alike");
+  return parts;
+}
+
+QuantMatrix read_stored_parts(const CheckpointTensors& ck, const std::vector<StoredQuant>& parts,
+                              MemTag tag) {
+  if (parts.size() == 1) return read_stored_quant(ck, parts[0], tag);
+  std::vector<QuantMatrix> read;
+  for (const StoredQuant& q : parts) read.push_back(read_stored_quant(ck, q, MemTag::activations));
+  return stack_quant_rows(read, tag);
+}
+
+Tensor load_stored_parts(const CheckpointTensors& ck, const std::vector<StoredQuant>& parts,
+                         DType dtype, MemTag tag) {
+  int64_t rows = 0;
+  for (const StoredQuant& q : parts) rows += q.shape[0];
+  Tensor out = Tensor::empty({rows, parts.front().shape[1]}, dtype, tag);
+  int64_t r = 0;
+  for (const StoredQuant& q : parts) {
+    out.rows(r, r + q.shape[0]).copy_from(load_stored_quant(ck, q, dtype));
+    r += q.shape[0];
+  }
+  return out;
 }
 
 }  // namespace tiermoe

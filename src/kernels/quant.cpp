@@ -335,8 +335,8 @@ QuantBuffer alloc_quant_matrix(QuantFormat format, int64_t rows, int64_t cols, i
   };
   auto owned = std::make_shared<Owned>();
   owned->codes = Tensor::zeros({(rows * q.code_stride + 3) / 4}, DType::f32, tag);
-  owned->scales =
-      Tensor::zeros({(q.scale_rows() * q.scale_stride * scale_bytes(format) + 3) / 4}, DType::f32, tag);
+  owned->scales = Tensor::zeros({(q.scale_rows() * q.scale_stride * scale_bytes(format) + 3) / 4},
+                                DType::f32, tag);
   QuantBuffer buf;
   buf.codes = static_cast<uint8_t*>(owned->codes.raw());
   buf.scales = owned->scales.raw();
@@ -365,8 +365,8 @@ QuantMatrix stack_quant_rows(const std::vector<QuantMatrix>& parts, MemTag tag) 
                    p.row_group == p0.row_group;
     rows += p.rows;
   }
-  QuantBuffer out = alloc_quant_matrix(p0.format, rows, p0.cols, p0.group,
-                                       whole_blocks ? p0.row_group : 1, tag);
+  QuantBuffer out =
+      alloc_quant_matrix(p0.format, rows, p0.cols, p0.group, whole_blocks ? p0.row_group : 1, tag);
   out.matrix.bf16_values = p0.bf16_values;
   const QuantMatrix& q = out.matrix;
   const int64_t row_bytes = code_row_bytes(q.format, q.cols);
@@ -374,7 +374,8 @@ QuantMatrix stack_quant_rows(const std::vector<QuantMatrix>& parts, MemTag tag) 
   int64_t r0 = 0;
   for (const QuantMatrix& p : parts) {
     for (int64_t r = 0; r < p.rows; ++r) {
-      std::memcpy(out.codes + (r0 + r) * q.code_stride, p.codes + r * p.code_stride, size_t(row_bytes));
+      std::memcpy(out.codes + (r0 + r) * q.code_stride, p.codes + r * p.code_stride,
+                  size_t(row_bytes));
     }
     // A scale row per row of q's (r0 is a block edge when q keeps blocks).
     for (int64_t r = 0; r < p.rows; r += q.row_group) {

@@ -74,12 +74,12 @@ void CausalLM::enable_lora(const LoraConfig& cfg, uint64_t seed) {
   // Each target names a module of this model (PEFT's suffix rule): a name
   // another family uses would otherwise adapt nothing and still be exported.
   for (const std::string& t : cfg.targets) {
-    const bool hit = std::any_of(modules.begin(), modules.end(), [&](const LoraModule& m) {
-      return m.path.ends_with("." + t);
-    });
-    TIERMOE_CHECK(hit, str_of("LoRA target '", t, "' matches no module of this ", config_.model_type,
-                              " model"),
-                  where, hint);
+    const bool hit = std::any_of(modules.begin(), modules.end(),
+                                 [&](const LoraModule& m) { return m.path.ends_with("." + t); });
+    TIERMOE_CHECK(
+        hit,
+        str_of("LoRA target '", t, "' matches no module of this ", config_.model_type, " model"),
+        where, hint);
   }
 }
 

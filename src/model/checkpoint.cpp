@@ -106,8 +106,10 @@ class LoadPlan {
   }
   void check_mxfp4(const std::string& name, const Shape& want) {
     TIERMOE_CHECK(c_.quant_method == "mxfp4",
-                  str_of("checkpoint stores '", name, "_blocks' (MXFP4), but config.json's "
-                         "quantization_config ", c_.quant_method.empty() ? "is absent" : "says " + c_.quant_method),
+                  str_of("checkpoint stores '", name,
+                         "_blocks' (MXFP4), but config.json's "
+                         "quantization_config ",
+                         c_.quant_method.empty() ? "is absent" : "says " + c_.quant_method),
                   ck_.dir(),
                   "gpt-oss's releases say {\"quant_method\": \"mxfp4\"}; transformers refuses the "
                   "blocks without it too");
@@ -166,7 +168,6 @@ class LoadPlan {
                   ck_.dir(), shape_hint(q.weight));
     used_.insert(q.tensors.begin(), q.tensors.end());
   }
-
 
   // Progress counts the bytes read from the files (a fused tensor's whole
   // size for each slice of it a rank takes).
@@ -304,18 +305,6 @@ Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>&
   return out;
 }
 
-// Parts `names` stored at low width, dequantized to `compute` and stacked.
-Tensor widened_matrix(const CheckpointTensors& ck, const std::vector<StoredQuant>& parts,
-                      const Shape& shape, DType compute) {
-  Tensor out = Tensor::empty(shape, compute, MemTag::weights);
-  int64_t r = 0;
-  for (const StoredQuant& q : parts) {
-    out.rows(r, r + q.shape[0]).copy_from(load_stored_quant(ck, q, compute));
-    r += q.shape[0];
-  }
-  return out;
-}
-
 // An x-major stacked matrix [E, in, out] as [E, out, in], kept at its
 // stored width when that is no wider than `compute`; an MXFP4 one decoded
 // to bf16 (f64 in f64 runs).
@@ -370,24 +359,13 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
                                         const std::string& embed_source) {
   const DType c = dtype_;
   const int64_t V = config_.vocab_size, D = config_.hidden_size;
-  // The parts' low-width storage, when the checkpoint has it (all or none).
-  auto stored_quant = [&](const std::vector<std::string>& names) {
-    std::vector<StoredQuant> parts;
-    for (const std::string& n : names) {
-      if (auto q = find_stored_quant(ck, config_, n)) parts.push_back(std::move(*q));
-    }
-    TIERMOE_CHECK(parts.empty() || parts.size() == names.size(),
-                  str_of("'", names[0], "' and '", names.back(), "' are stored at different widths"),
-                  ck.dir(), "a checkpoint quantizes an MLP's gate and up projections alike");
-    return parts;
-  };
   // A matrix in the compute dtype: mapped in place where it can be, else
   // a copy; dequantized when stored at low width.
   auto matrix = [&](const std::vector<std::string>& names, const Shape& shape) {
-    const std::vector<StoredQuant> parts = stored_quant(names);
+    const std::vector<StoredQuant> parts = find_stored_parts(ck, config_, names);
     if (parts.empty()) return bound_matrix(ck, names, shape, c);
     stored_quant_.widened += int64_t(parts.size());
-    return widened_matrix(ck, parts, shape, c);
+    return load_stored_parts(ck, parts, c).view(shape);
   };
   embed_.value = matrix({embed_source}, {V, D});
   for (auto& layer : layers_) {
@@ -435,29 +413,28 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       return block + std::to_string(first_expert() + e) + "." + (mixtral ? "w2" : "down_proj") +
              ".weight";
     };
-    if (c != DType::f64 && !stored_quant({w2_name(0)}).empty()) {
+    if (c != DType::f64 && find_stored_quant(ck, config_, w2_name(0))) {
       // Kept at their stored width for the f32 and bf16 kernels (gate over
       // up stacked into one matrix); f64 runs dequantize them.
       std::vector<QuantMatrix> w13, w2;
       for (int64_t e = 0; e < El; ++e) {
-        std::vector<QuantMatrix> gate_up;
-        for (const StoredQuant& q : stored_quant(expert_w13_names(config_, p, first_expert() + e))) {
-          gate_up.push_back(read_stored_quant(ck, q));
-        }
-        const std::vector<StoredQuant> down = stored_quant({w2_name(e)});
-        TIERMOE_CHECK(gate_up.size() == 2 && down.size() == 1,
-                      str_of("expert ", first_expert() + e, " of ", block,
-                             " is stored at low width in part"),
-                      ck.dir(), "a checkpoint quantizes all of an expert's projections or none");
-        w13.push_back(stack_quant_rows(gate_up));
-        w2.push_back(read_stored_quant(ck, down[0]));
+        const auto gate_up =
+            find_stored_parts(ck, config_, expert_w13_names(config_, p, first_expert() + e));
+        const auto down = find_stored_parts(ck, config_, {w2_name(e)});
+        TIERMOE_CHECK(
+            !gate_up.empty() && !down.empty(),
+            str_of("expert ", first_expert() + e, " of ", block, " is stored at low width in part"),
+            ck.dir(), "a checkpoint quantizes all of an expert's projections or none");
+        w13.push_back(read_stored_parts(ck, gate_up));
+        w2.push_back(read_stored_parts(ck, down));
       }
       stored_quant_.kept += 3 * El;
       ex.bind_quantized_weights(std::move(w13), std::move(w2));
       continue;
     }
     for (int64_t e = 0; e < El; ++e) {
-      ex.bind_expert_weights(e, matrix(expert_w13_names(config_, p, first_expert() + e), {2 * F, D}),
+      ex.bind_expert_weights(e,
+                             matrix(expert_w13_names(config_, p, first_expert() + e), {2 * F, D}),
                              matrix({w2_name(e)}, {D, F}));
     }
   }

@@ -47,11 +47,6 @@ bool is_matrix(HfRole r) {
          r == HfRole::dense_mlp || r == HfRole::expert;
 }
 
-// The module path of a weight ("model.layers.0.self_attn.q_proj").
-std::string module_of(const std::string& name) {
-  return name.ends_with(".weight") ? name.substr(0, name.size() - 7) : name;
-}
-
 struct Sizes {
   int64_t N, D, H, Hkv, P, E, K, F, I, V, R;
   size_t s, a;  // compute and accumulation dtype sizes
@@ -183,7 +178,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
       // Codes and f32 scales, read into memory of their own.
       const QuantFormat f = *stored->experts_format;
       const size_t per_scale = f == QuantFormat::fp8 ? 128 * 128 : size_t(stored->experts_group);
-      at(p, MemTag::weights) += n * size_t(quant_code_bits(f)) / 8 + (n + per_scale - 1) / per_scale * 4;
+      at(p, MemTag::weights) +=
+          n * size_t(quant_code_bits(f)) / 8 + (n + per_scale - 1) / per_scale * 4;
     } else if (widened_at_load(t.role)) {
       at(p, MemTag::weights) += n * dtype_size(dt);
     } else if (mapped && is_matrix(t.role)) {
@@ -199,7 +195,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     }
     const bool linear =
         t.role == HfRole::attention || t.role == HfRole::dense_mlp || t.role == HfRole::expert;
-    if (!linear || !lora_targets_module(*cfg.lora, module_of(t.name))) continue;
+    if (!linear || !lora_targets_module(*cfg.lora, hf_module_of(t.name))) continue;
     const int64_t adapter = R * (t.shape[0] + t.shape[1]);
     trainable += adapter;
     if (t.role != HfRole::expert) replicated_trainable += adapter;
@@ -215,7 +211,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
       lora_dense_bwd = std::max(lora_dense_bwd, bwd);
     }
     if (t.role == HfRole::expert) {
-      const std::string m = module_of(t.name);
+      const std::string m = hf_module_of(t.name);
       (m.ends_with("down_proj") || m.ends_with(".w2") ? lora_w2 : lora_w13) = true;
     }
   }
@@ -248,8 +244,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     uint64_t left = host_memory_available();
     for (size_t b : p.peak) left -= std::min<uint64_t>(left, b);
     for (int64_t l = 0;
-         l < c.num_moe_layers() && (low_width || ExpertPacks::packs_fit(stack, left));
-         ++l) {
+         l < c.num_moe_layers() && (low_width || ExpertPacks::packs_fit(stack, left)); ++l) {
       if (low_width) {
         ++packed_layers;
         continue;

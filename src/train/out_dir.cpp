@@ -86,11 +86,11 @@ int take_lock(const std::string& lock, const std::string& busy, const std::strin
       struct stat st {};
       const int64_t pid = ::fstat(fd, &st) == 0 ? flock_holder(st.st_ino) : 0;
       ::close(fd);
-      TIERMOE_CHECK(err == EWOULDBLOCK, str_of("cannot take the lock: ", std::strerror(err)),
-                    lock, "write on a local file system that supports flock");
-      throw Error(str_of("another tiermoe run", pid > 0 ? str_of(" (pid ", pid, ")") : "", " ",
-                         busy),
-                  where, hint);
+      TIERMOE_CHECK(err == EWOULDBLOCK, str_of("cannot take the lock: ", std::strerror(err)), lock,
+                    "write on a local file system that supports flock");
+      throw Error(
+          str_of("another tiermoe run", pid > 0 ? str_of(" (pid ", pid, ")") : "", " ", busy),
+          where, hint);
     }
     struct stat held = {};
     struct stat named = {};

@@ -190,7 +190,6 @@ CausalLM random_model(const TrainConfig& c, Comm* comm) {
   return model;
 }
 
-
 // A checkpoint that ships low-bit matrices: full fine-tuning only with
 // --dequantize (it trains widened copies), and no second quantization of
 // experts already stored at low width.

@@ -221,7 +221,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
   std::optional<OutDirLock> lock;
   // And one run at a time on --metrics, wherever it lies.
   std::optional<OutputFileLock> metrics_lock;
-  if (!control.metrics_file.empty() && rank0) metrics_lock.emplace(control.metrics_file, "--metrics");
+  if (!control.metrics_file.empty() && rank0)
+    metrics_lock.emplace(control.metrics_file, "--metrics");
   if (!control.out_dir.empty() && rank0) {
     lock.emplace(control.out_dir);
     const OutDirCleanup cleaned = clean_out_dir(control.out_dir);
@@ -331,8 +332,8 @@ TrainSummary run_training(const TrainConfig& given, const RunControl& control) {
                             " (the routed experts') kept at that width, ", q.widened,
                             " others (attention, dense MLPs, shared experts) dequantized to ",
                             dtype_name(config.dtype), "\n")
-                   : str_of("train: the checkpoint's ", stored, " matrices are dequantized at load, to ",
-                            dtype_name(config.dtype),
+                   : str_of("train: the checkpoint's ", stored,
+                            " matrices are dequantized at load, to ", dtype_name(config.dtype),
                             config.lora ? " (f64 runs)\n" : " (full fine-tuning trains them)\n"));
     }
     *log << "train: data " << data.source() << " ("

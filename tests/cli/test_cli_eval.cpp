@@ -177,14 +177,10 @@ TEST_F(CliEval, ShiftedWindowsGiveAnotherLossAndGradients) {
 TEST_F(CliEval, SaveGradsWritesEveryFamilysGradientsAsTransformersHoldsThem) {
   const std::string data = std::string(TIERMOE_TEST_DATA_DIR);
   const std::pair<std::string, std::string> fixtures[] = {
-      {data + "/families/qwen2_moe", ""},
-      {data + "/families/glm4_moe", ""},
-      {data + "/families/qwen3_moe_yarn", ""},
-      {data + "/families/gpt_oss", ""},
-      {data + "/families/deepseek_v3", ""},
-      {data + "/families/deepseek_v3_q_proj", ""},
-      {data + "/families/qwen3_moe_int4", ""},
-      {data + "/families/deepseek_v3_fp8", ""},
+      {data + "/families/qwen2_moe", ""},      {data + "/families/glm4_moe", ""},
+      {data + "/families/qwen3_moe_yarn", ""}, {data + "/families/gpt_oss", ""},
+      {data + "/families/deepseek_v3", ""},    {data + "/families/deepseek_v3_q_proj", ""},
+      {data + "/families/qwen3_moe_int4", ""}, {data + "/families/deepseek_v3_fp8", ""},
       {data + "/mxfp4/model", data + "/mxfp4"}};
   for (const auto& [model, files] : fixtures) {
     SCOPED_TRACE(model);

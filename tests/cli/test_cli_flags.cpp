@@ -17,8 +17,9 @@ class CliFlags : public Cli {
  protected:
   // A quick train run (one layer of tiny, 2 x 16 tokens), then `extra`.
   RunResult train(std::vector<std::string> extra) const {
-    std::vector<std::string> args = {"train",     "--layers", "1", "--batch", "2", "--seq-len",
-                                     "16",        "--threads", "1", "--corpus-tokens", "4096"};
+    std::vector<std::string> args = {"train", "--layers",        "1",   "--batch",
+                                     "2",     "--seq-len",       "16",  "--threads",
+                                     "1",     "--corpus-tokens", "4096"};
     args.insert(args.end(), extra.begin(), extra.end());
     return run(args);
   }
@@ -80,8 +81,8 @@ TEST_F(CliFlags, LoraTargetsNameModulesOfTheModel) {
   EXPECT_TRUE(contains(r.err, "empty name in the LoRA target list")) << r.err;
   // Latent attention has no k_proj or v_proj (nor q_proj with a q latent):
   // they adapted nothing and were still exported.
-  r = train({"--preset", "tiny-deepseek-v3", "--steps", "1", "--lora-targets",
-             "q_a_proj,k_proj,o_proj"});
+  r = train(
+      {"--preset", "tiny-deepseek-v3", "--steps", "1", "--lora-targets", "q_a_proj,k_proj,o_proj"});
   EXPECT_EQ(r.rc, 1);
   EXPECT_TRUE(contains(r.err, "LoRA target 'k_proj' matches no module of this deepseek_v3 model"))
       << r.err;
@@ -119,9 +120,9 @@ TEST_F(CliFlags, ALongSeqLenOverADataFileIsNotCheckedAgainstTheBuiltInCorpus) {
   const std::string data = path("tokens.npy").string();
   write_npy_tokens(data, tokens, TokenDType::i32);
   // --corpus-tokens 4096 (train's) is shorter than the window; the file is not.
-  const RunResult r = run({"train", "--layers", "1", "--batch", "1", "--seq-len", "5000",
-                           "--threads", "1", "--corpus-tokens", "4096", "--steps", "1", "--data",
-                           data});
+  const RunResult r =
+      run({"train", "--layers", "1", "--batch", "1", "--seq-len", "5000", "--threads", "1",
+           "--corpus-tokens", "4096", "--steps", "1", "--data", data});
   EXPECT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(contains(r.err, "step 1/1")) << r.err;
 }

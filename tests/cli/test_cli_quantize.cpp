@@ -19,9 +19,9 @@ const std::string kFamily = std::string(TIERMOE_TEST_DATA_DIR) + "/families/qwen
 class CliQuantize : public Cli {
  protected:
   double eval_loss(const std::string& model, std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"eval",    "--model",   model,  "--data", kFamily + "/tokens.npy",
-                                     "--batch", "2",         "--seq-len", "8", "--dtype", "f32",
-                                     "--json"};
+    std::vector<std::string> args = {
+        "eval", "--model", model, "--data", kFamily + "/tokens.npy", "--batch", "2", "--seq-len",
+        "8",    "--dtype", "f32", "--json"};
     args.insert(args.end(), extra.begin(), extra.end());
     const RunResult r = run(args);
     EXPECT_EQ(r.rc, 0) << r.err;
@@ -65,23 +65,27 @@ TEST_F(CliQuantize, WritesWhatTheLoadTimeQuantizationRuns) {
 // init --experts packs each expert as it is drawn: the very files quantize
 // writes from init's bf16 checkpoint of the same seed.
 TEST_F(CliQuantize, InitWritesWhatQuantizeWritesFromTheSameDraw) {
-  const std::vector<std::string> init = {"init", "--preset", "tiny", "--layers", "2",
-                                         "--seed", "5", "--dtype", "bf16"};
+  const std::vector<std::string> init = {"init",   "--preset", "tiny",    "--layers", "2",
+                                         "--seed", "5",        "--dtype", "bf16"};
   auto with = [&](std::vector<std::string> extra) {
     std::vector<std::string> a = init;
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
-  const std::string bf16 = path("bf16").string(), q = path("q").string(), direct = path("d").string();
+  const std::string bf16 = path("bf16").string(), q = path("q").string(),
+                    direct = path("d").string();
   ASSERT_EQ(run(with({"--out", bf16})).rc, 0);
-  ASSERT_EQ(run({"quantize", "--model", bf16, "--out", q, "--experts", "int4", "--group", "32"}).rc, 0);
+  ASSERT_EQ(run({"quantize", "--model", bf16, "--out", q, "--experts", "int4", "--group", "32"}).rc,
+            0);
   const RunResult r = run(with({"--out", direct, "--experts", "int4", "--group", "32"}));
   ASSERT_EQ(r.rc, 0) << r.err;
   EXPECT_TRUE(r.out.find("(routed experts int4 g32)") != std::string::npos) << r.out;
   EXPECT_EQ(slurp(q + "/model.safetensors"), slurp(direct + "/model.safetensors"));
   EXPECT_EQ(slurp(q + "/config.json"), slurp(direct + "/config.json"));
-  EXPECT_LT(fs::file_size(direct + "/model.safetensors"), fs::file_size(bf16 + "/model.safetensors"));
-  const RunResult bad = run(with({"--out", path("x").string(), "--experts", "int4", "--group", "7"}));
+  EXPECT_LT(fs::file_size(direct + "/model.safetensors"),
+            fs::file_size(bf16 + "/model.safetensors"));
+  const RunResult bad =
+      run(with({"--out", path("x").string(), "--experts", "int4", "--group", "7"}));
   EXPECT_TRUE(bad.err.find("--group 7 does not divide") != std::string::npos) << bad.err;
 }
 
@@ -90,8 +94,8 @@ TEST_F(CliQuantize, InitWritesWhatQuantizeWritesFromTheSameDraw) {
 // draw of the same seed; TierMoE reads them (inspect, a LoRA-style eval).
 TEST_F(CliQuantize, InitWritesGptOssExpertsInMxfp4) {
   const std::string bf16 = path("bf16").string(), mx = path("mx").string();
-  const std::vector<std::string> init = {"init", "--preset", "tiny-gpt-oss", "--seed", "2",
-                                         "--dtype", "bf16", "--out"};
+  const std::vector<std::string> init = {"init", "--preset", "tiny-gpt-oss", "--seed",
+                                         "2",    "--dtype",  "bf16",         "--out"};
   auto args = [&](const std::string& out, std::vector<std::string> extra) {
     std::vector<std::string> a = init;
     a.push_back(out);
@@ -101,14 +105,17 @@ TEST_F(CliQuantize, InitWritesGptOssExpertsInMxfp4) {
   ASSERT_EQ(run(args(bf16, {})).rc, 0);
   const RunResult r = run(args(mx, {"--experts", "mxfp4"}));
   ASSERT_EQ(r.rc, 0) << r.err;
-  EXPECT_EQ(nlohmann::json::parse(slurp(mx + "/config.json")).at("quantization_config").at("quant_method"),
+  EXPECT_EQ(nlohmann::json::parse(slurp(mx + "/config.json"))
+                .at("quantization_config")
+                .at("quant_method"),
             "mxfp4");
-  const CheckpointTensors drawn = CheckpointTensors::open(bf16), packed = CheckpointTensors::open(mx);
+  const CheckpointTensors drawn = CheckpointTensors::open(bf16),
+                          packed = CheckpointTensors::open(mx);
   int stacks = 0;
   for (const std::string& name : drawn.names()) {
     if (!name.ends_with("experts.gate_up_proj") && !name.ends_with("experts.down_proj")) continue;
     ++stacks;
-    const Tensor w = drawn.load(name, DType::f32);      // [E, in, out]
+    const Tensor w = drawn.load(name, DType::f32);          // [E, in, out]
     const Tensor d = load_mxfp4(packed, name, DType::f32);  // [E, out, in]
     const int64_t E = w.size(0), K = w.size(1), R = w.size(2);
     ASSERT_EQ(d.shape(), (Shape{E, R, K}));
@@ -116,7 +123,8 @@ TEST_F(CliQuantize, InitWritesGptOssExpertsInMxfp4) {
       for (int64_t o = 0; o < R; ++o) {
         for (int64_t b = 0; b < K / 32; ++b) {
           double amax = 0;
-          for (int64_t k = b * 32; k < b * 32 + 32; ++k) amax = std::max(amax, std::abs(w.get((e * K + k) * R + o)));
+          for (int64_t k = b * 32; k < b * 32 + 32; ++k)
+            amax = std::max(amax, std::abs(w.get((e * K + k) * R + o)));
           for (int64_t k = b * 32; k < b * 32 + 32; ++k) {
             // Half of the top step (2 x 2^e, 2^e <= amax / 4), or the saturation.
             ASSERT_LE(std::abs(d.get((e * R + o) * K + k) - w.get((e * K + k) * R + o)), amax / 2)
@@ -129,23 +137,29 @@ TEST_F(CliQuantize, InitWritesGptOssExpertsInMxfp4) {
   EXPECT_EQ(stacks, 4);  // 2 layers x (gate_up, down)
   const RunResult in = run({"inspect", mx, "--summary"});
   EXPECT_EQ(in.rc, 0) << in.out << in.err;
-  const RunResult bad = run({"init", "--preset", "tiny", "--out", path("t").string(), "--experts", "mxfp4"});
-  EXPECT_TRUE(bad.err.find("--experts mxfp4 is not written for qwen3_moe") != std::string::npos) << bad.err;
+  const RunResult bad =
+      run({"init", "--preset", "tiny", "--out", path("t").string(), "--experts", "mxfp4"});
+  EXPECT_TRUE(bad.err.find("--experts mxfp4 is not written for qwen3_moe") != std::string::npos)
+      << bad.err;
 }
 
 TEST_F(CliQuantize, BadFlagsAndSourcesAreRefused) {
   const std::string out = path("q").string();
-  RunResult r = run({"quantize", "--model", kFamily, "--out", out, "--experts", "int4", "--group", "5"});
+  RunResult r =
+      run({"quantize", "--model", kFamily, "--out", out, "--experts", "int4", "--group", "5"});
   EXPECT_NE(r.rc, 0);
   EXPECT_TRUE(r.err.find("--group 5 does not divide") != std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out + "/config.json"));
   r = run({"quantize", "--model", kFamily, "--out", out, "--experts", "fp8"});
   EXPECT_TRUE(r.err.find("--experts fp8 is not written by quantize") != std::string::npos) << r.err;
-  ASSERT_EQ(run({"quantize", "--model", kFamily, "--out", out, "--experts", "int4", "--group", "16"}).rc, 0);
+  ASSERT_EQ(
+      run({"quantize", "--model", kFamily, "--out", out, "--experts", "int4", "--group", "16"}).rc,
+      0);
   r = run({"quantize", "--model", kFamily, "--out", out, "--experts", "int4", "--group", "16"});
   EXPECT_TRUE(r.err.find("already holds a checkpoint") != std::string::npos) << r.err;
   r = run({"quantize", "--model", out, "--out", path("qq").string(), "--experts", "int4"});
-  EXPECT_TRUE(r.err.find("already ships quantized weights (compressed-tensors)") != std::string::npos)
+  EXPECT_TRUE(r.err.find("already ships quantized weights (compressed-tensors)") !=
+              std::string::npos)
       << r.err;
   // A run asked to quantize experts the checkpoint ships quantized.
   r = run({"eval", "--model", out, "--data", kFamily + "/tokens.npy", "--batch", "1", "--seq-len",

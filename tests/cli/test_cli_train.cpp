@@ -102,8 +102,8 @@ TEST_F(CliTrain, DefaultLoraTargetsAreTheLatentAttentionsProjections) {
 TEST_F(CliTrain, JsonSummaryAndMetricsLines) {
   // Four micro-batches a step: a step of a few ms, so that the untimed
   // remainder ("other") is not the scheduler's noise on a loaded host.
-  RunResult r = run(quick({"--steps", "3", "--grad-accum", "4", "--json", "--metrics",
-                           path("m.jsonl").string()}));
+  RunResult r = run(quick(
+      {"--steps", "3", "--grad-accum", "4", "--json", "--metrics", path("m.jsonl").string()}));
   ASSERT_EQ(r.rc, 0) << r.err;
   const json j = last_json_line(r.out);
   for (const char* key : {"steps", "losses", "final_loss", "tokens_per_s", "step_time_s",

@@ -224,8 +224,9 @@ TEST(ModelConfig, GptOssLayerTypesAreChecked) {
 // 1.702 before).
 TEST(ModelConfig, ZeroAndNullAreNotAbsent) {
   for (const auto& [json, words] :
-       {std::pair{R"({"model_type": "gpt_oss", "rope_scaling": {"rope_type": "yarn", "factor": 0}})",
-                  std::vector<std::string>{"has yarn factor 0", "positive"}},
+       {std::pair{
+            R"({"model_type": "gpt_oss", "rope_scaling": {"rope_type": "yarn", "factor": 0}})",
+            std::vector<std::string>{"has yarn factor 0", "positive"}},
         {R"({"model_type": "gpt_oss", "swiglu_alpha": null})", {"'swiglu_alpha' is null"}},
         {R"({"model_type": "gpt_oss", "swiglu_limit": null})", {"'swiglu_limit' is null"}}}) {
     EXPECT_TRUE(testing::throws_error_with([&] { parse_model_config(json, "config.json"); },

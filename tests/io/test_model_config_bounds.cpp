@@ -7,8 +7,8 @@
 #include <fstream>
 #include <random>
 
-#include "tiermoe/core/error.h"
 #include "io/test_safetensors_util.h"
+#include "tiermoe/core/error.h"
 #include "tiermoe/io/model_config.h"
 
 namespace tiermoe {

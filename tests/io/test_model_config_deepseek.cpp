@@ -121,8 +121,7 @@ TEST(DeepseekV3Config, OtherArchitecturesAreClearErrors) {
       {{{"qk_rope_head_dim", 63}}, {"head_dim 63 is odd"}},
       {{{"quantization_config", {{"quant_method", "fp8"}}}},
        {"weight_block_size is absent", "[128, 128]"}},
-      {{{"quantization_config",
-         {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}}},
+      {{{"quantization_config", {{"quant_method", "fp8"}, {"weight_block_size", {64, 64}}}}},
        {"weight_block_size is [64,64]", "as DeepSeek-V3 ships it"}},
       {{{"quantization_config", {{"quant_method", "gptq"}}}}, {"'gptq'", "dequantize others"}}};
   for (const auto& [change, want] : cases) {

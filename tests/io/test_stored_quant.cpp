@@ -72,10 +72,12 @@ TEST(StoredQuant, DecodesAsTheLibrariesThatWriteThem) {
 // Shown to fail: read with the wrong group or width, the values differ.
 TEST(StoredQuant, TheCheckFailsWithAnotherGroupOrWidth) {
   const CheckpointTensors ck = CheckpointTensors::open(kEdges);
-  EXPECT_TRUE(testing::throws_error_with([&] { find_stored_quant(ck, compressed(4, 6), "int4.weight"); },
-                                         {"'int4.weight_scale' has shape [5, 3], not [5, 6]"}));
-  EXPECT_TRUE(testing::throws_error_with([&] { find_stored_quant(ck, compressed(8, 12), "int4.weight"); },
-                                         {"'int4.weight_packed' has shape [5, 5], not [5, 9]"}));
+  EXPECT_TRUE(
+      testing::throws_error_with([&] { find_stored_quant(ck, compressed(4, 6), "int4.weight"); },
+                                 {"'int4.weight_scale' has shape [5, 3], not [5, 6]"}));
+  EXPECT_TRUE(
+      testing::throws_error_with([&] { find_stored_quant(ck, compressed(8, 12), "int4.weight"); },
+                                 {"'int4.weight_packed' has shape [5, 5], not [5, 9]"}));
 }
 
 class StoredQuantDir : public testing::DirTest {
@@ -130,24 +132,31 @@ TEST_F(StoredQuantDir, BadPartsAreClearErrorsNamingTheTensor) {
 }
 
 ModelConfig parsed(const nlohmann::json& quantization_config) {
-  nlohmann::json j = {{"model_type", "qwen3_moe"}, {"vocab_size", 64},  {"hidden_size", 32},
-                      {"intermediate_size", 48},   {"num_hidden_layers", 1},
-                      {"num_attention_heads", 4},  {"num_key_value_heads", 2},
-                      {"head_dim", 8},             {"num_experts", 4},
-                      {"num_experts_per_tok", 2},  {"moe_intermediate_size", 16},
+  nlohmann::json j = {{"model_type", "qwen3_moe"},
+                      {"vocab_size", 64},
+                      {"hidden_size", 32},
+                      {"intermediate_size", 48},
+                      {"num_hidden_layers", 1},
+                      {"num_attention_heads", 4},
+                      {"num_key_value_heads", 2},
+                      {"head_dim", 8},
+                      {"num_experts", 4},
+                      {"num_experts_per_tok", 2},
+                      {"moe_intermediate_size", 16},
                       {"quantization_config", quantization_config}};
   return parse_model_config(j.dump(), "config.json");
 }
 
 nlohmann::json w4a16(nlohmann::json weights_change = nlohmann::json::object()) {
-  nlohmann::json weights = {{"num_bits", 4}, {"type", "int"},        {"symmetric", true},
+  nlohmann::json weights = {{"num_bits", 4},       {"type", "int"},     {"symmetric", true},
                             {"strategy", "group"}, {"group_size", 128}, {"actorder", nullptr}};
   weights.merge_patch(weights_change);
   return {{"quant_method", "compressed-tensors"},
           {"format", "pack-quantized"},
           {"quantization_status", "compressed"},
-          {"config_groups", {{"group_0", {{"targets", {"Linear"}}, {"weights", weights},
-                                          {"input_activations", nullptr}}}}},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}}, {"weights", weights}, {"input_activations", nullptr}}}}},
           {"ignore", {"lm_head", "re:.*mlp.gate$"}}};
 }
 
@@ -156,7 +165,8 @@ TEST(StoredQuantConfig, ReadsWeightOnlyIntSchemesAndRefusesOthers) {
   EXPECT_EQ(c.quant_method, "compressed-tensors");
   EXPECT_EQ(c.quant_bits, 4);
   EXPECT_EQ(c.quant_group, 128);
-  const ModelConfig ch = parsed(w4a16({{"num_bits", 8}, {"strategy", "channel"}, {"group_size", nullptr}}));
+  const ModelConfig ch =
+      parsed(w4a16({{"num_bits", 8}, {"strategy", "channel"}, {"group_size", nullptr}}));
   EXPECT_EQ(ch.quant_bits, 8);
   EXPECT_EQ(ch.quant_group, 0);
   auto refused = [&](const nlohmann::json& q, std::initializer_list<std::string> words) {
@@ -175,9 +185,9 @@ TEST(StoredQuantConfig, ReadsWeightOnlyIntSchemesAndRefusesOthers) {
   nlohmann::json frozen = w4a16();
   frozen["quantization_status"] = "frozen";
   EXPECT_TRUE(refused(frozen, {"quantization_status is 'frozen'"}));
-  EXPECT_TRUE(refused({{"quant_method", "fp8"}, {"weight_block_size", {128, 128}},
-                       {"activation_scheme", "static"}},
-                      {"activation_scheme is 'static'"}));
+  EXPECT_TRUE(refused(
+      {{"quant_method", "fp8"}, {"weight_block_size", {128, 128}}, {"activation_scheme", "static"}},
+      {"activation_scheme is 'static'"}));
   EXPECT_TRUE(refused({{"quant_method", "awq"}}, {"'awq'", "dequantize others"}));
 }
 

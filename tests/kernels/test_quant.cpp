@@ -215,8 +215,8 @@ TEST(Quant, Mxfp4QuantizerPicksTheNearestCode) {
   Rng rng(19);
   Tensor w = random_tensor({6, 128}, DType::f32, rng, 1.0);
   for (int64_t c = 0; c < 32; ++c) {
-    w.set(c, 0.0);                       // row 0, block 0: zeros
-    w.set(128 + c, w.get(128 + c) * 1e30);  // row 1, block 0: huge
+    w.set(c, 0.0);                           // row 0, block 0: zeros
+    w.set(128 + c, w.get(128 + c) * 1e30);   // row 1, block 0: huge
     w.set(256 + c, w.get(256 + c) * 1e-30);  // row 2, block 0: tiny
   }
   w.set(3 * 128 + 5, 2.5);  // a tie between 2 and 3 under e = 0 ...
@@ -227,7 +227,8 @@ TEST(Quant, Mxfp4QuantizerPicksTheNearestCode) {
     for (int64_t b = 0; b < 4; ++b) {
       double amax = 0;
       for (int64_t c = 0; c < 32; ++c) amax = std::max(amax, std::abs(w.get(r * 128 + b * 32 + c)));
-      const int e = amax == 0 ? -127 : std::clamp(int(std::floor(std::log2(float(amax)))) - 2, -127, 127);
+      const int e =
+          amax == 0 ? -127 : std::clamp(int(std::floor(std::log2(float(amax)))) - 2, -127, 127);
       for (int64_t c = 0; c < 32; ++c) {
         const double x = w.get(r * 128 + b * 32 + c);
         int best = 0;

@@ -137,9 +137,9 @@ TEST(Mxfp4, OtherQuantizationMethodsAreRefusedAtTheConfig) {
   std::ifstream in(kData + "model/config.json");
   nlohmann::json config = nlohmann::json::parse(in);
   config["quantization_config"]["quant_method"] = "gptq";
-  EXPECT_TRUE(
-      testing::throws_error_with([&] { parse_model_config(config.dump(), "model/config.json"); },
-                                 {"quant_method 'gptq'", "model/config.json", "dequantize others"}));
+  EXPECT_TRUE(testing::throws_error_with(
+      [&] { parse_model_config(config.dump(), "model/config.json"); },
+      {"quant_method 'gptq'", "model/config.json", "dequantize others"}));
   config["model_type"] = "qwen3_moe";
   config["quantization_config"]["quant_method"] = "mxfp4";
   EXPECT_TRUE(testing::throws_error_with(

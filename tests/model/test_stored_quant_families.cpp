@@ -65,7 +65,9 @@ TEST_F(FamilyDir, TheCheckFailsWithAScaleDoubled) {
   for (const auto& [family, scale] : cases) {
     const std::filesystem::path d = dir_ / std::to_string(i++);
     std::filesystem::create_directories(d);
-    EXPECT_GT(off_by_with(family, [](CausalLM&) {}, with_scale_doubled(family, d, scale)), 1.0)
+    EXPECT_GT(off_by_with(
+                  family, [](CausalLM&) {}, with_scale_doubled(family, d, scale)),
+              1.0)
         << family << " " << scale;
   }
 }

@@ -46,10 +46,10 @@ class StoredQuantRuns : public testing::DirTest {
       c.lora->rank = 8;
       c.lora->alpha = 16;
       c.lora->targets = family == "deepseek_v3_fp8"
-                            ? std::set<std::string>{"q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-                                                    "kv_b_proj", "o_proj", "gate_proj", "up_proj",
-                                                    "down_proj"}
-                            : std::set<std::string>{"q_proj", "k_proj", "v_proj", "o_proj",
+                            ? std::set<std::string>{"q_a_proj",  "q_b_proj", "kv_a_proj_with_mqa",
+                                                    "kv_b_proj", "o_proj",   "gate_proj",
+                                                    "up_proj",   "down_proj"}
+                            : std::set<std::string>{"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                                     "gate_proj", "up_proj", "down_proj"};
     }
     return c;
@@ -85,8 +85,8 @@ TEST_F(StoredQuantRuns, LoraOverTheStoredExpertsLearns) {
 
 TEST_F(StoredQuantRuns, FullFineTuningNeedsDequantize) {
   TrainConfig c = run_over("qwen3_moe_int4", /*lora=*/false);
-  EXPECT_TRUE(throws_error_with([&] { build_model(c); },
-                                {"ships its weights at int4 (compressed-tensors)", "--dequantize"}));
+  EXPECT_TRUE(throws_error_with(
+      [&] { build_model(c); }, {"ships its weights at int4 (compressed-tensors)", "--dequantize"}));
   c.dequantize = true;
   CausalLM model = build_model(c);
   EXPECT_EQ(model.stored_quant_counts().kept, 0);
@@ -100,8 +100,8 @@ TEST_F(StoredQuantRuns, FullFineTuningNeedsDequantize) {
 TEST_F(StoredQuantRuns, StoredExpertsAreNotQuantizedAgain) {
   TrainConfig c = run_over("deepseek_v3_fp8", /*lora=*/true);
   c.experts = QuantFormat::int4;
-  EXPECT_TRUE(throws_error_with([&] { build_model(c); },
-                                {"--experts int4 would quantize experts", "fp8"}));
+  EXPECT_TRUE(
+      throws_error_with([&] { build_model(c); }, {"--experts int4 would quantize experts", "fp8"}));
 }
 
 }  // namespace

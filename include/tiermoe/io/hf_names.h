@@ -41,6 +41,10 @@ struct HfTensor {
 // "shared_expert", DeepSeek-V3's and GLM-4.5's "shared_experts".
 std::string_view shared_expert_module(ModelFamily family);
 
+// The module a weight belongs to: "model.layers.0.self_attn.q_proj" for
+// "model.layers.0.self_attn.q_proj.weight"; other names as they are.
+std::string hf_module_of(const std::string& weight);
+
 // Whether the loader skips a stored tensor: recomputed buffers
 // (rotary_emb.inv_freq) and the multi-token-prediction layers past the last
 // decoder layer (num_nextn_predict_layers), which transformers skips too.

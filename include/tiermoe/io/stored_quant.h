@@ -54,4 +54,16 @@ QuantMatrix read_stored_quant(const CheckpointTensors& ck, const StoredQuant& s,
 Tensor load_stored_quant(const CheckpointTensors& ck, const StoredQuant& s, DType dtype,
                          MemTag tag = MemTag::activations);
 
+// The low-width storage of matrices `weights` stacked along rows (an MLP's
+// gate over its up), or none when the checkpoint holds them as floats;
+// throws naming them when only some are at low width.
+std::vector<StoredQuant> find_stored_parts(const CheckpointTensors& ck, const ModelConfig& config,
+                                           const std::vector<std::string>& weights);
+// Those parts at their width, stacked (kernels/quant.h: stack_quant_rows).
+QuantMatrix read_stored_parts(const CheckpointTensors& ck, const std::vector<StoredQuant>& parts,
+                              MemTag tag = MemTag::weights);
+// Those parts decoded to `dtype`, stacked.
+Tensor load_stored_parts(const CheckpointTensors& ck, const std::vector<StoredQuant>& parts,
+                         DType dtype, MemTag tag = MemTag::weights);
+
 }  // namespace tiermoe

@@ -112,8 +112,7 @@ __m256 fp8_values(const uint8_t* codes, __m256 scale) {
 
 void bytes(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, uint16_t* out) {
   const uint8_t* codes = q.codes + row * q.code_stride;
-  const float* scales = static_cast<const float*>(q.scales) +
-                        (row / q.row_group) * q.scale_stride;
+  const float* scales = static_cast<const float*>(q.scales) + (row / q.row_group) * q.scale_stride;
   const bool fp8 = q.format == QuantFormat::fp8;
   float tail[16];
   for (int64_t c = c0; c < c0 + n;) {

@@ -88,11 +88,11 @@ Group group_of(const QuantMatrix& q, int64_t row, int64_t col) {
     case QuantFormat::mxfp4:
       return {table_of(q, row, g), _mm512_setzero_ps()};
     case QuantFormat::int8:
+    case QuantFormat::fp8: {
+      const float* scales = static_cast<const float*>(q.scales);
       return {_mm512_setzero_si512(),
-              _mm512_set1_ps(static_cast<const float*>(q.scales)[row * q.scale_stride + g])};
-    case QuantFormat::fp8:
-      return {_mm512_setzero_si512(),
-              _mm512_set1_ps(static_cast<const float*>(q.scales)[(row / q.row_group) * q.scale_stride + g])};
+              _mm512_set1_ps(scales[(row / q.row_group) * q.scale_stride + g])};
+    }
   }
   __builtin_unreachable();
 }
