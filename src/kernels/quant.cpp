@@ -75,18 +75,6 @@ float element(const QuantMatrix& q, int64_t r, int64_t c) {
   __builtin_unreachable();
 }
 
-int64_t code_row_bytes(QuantFormat f, int64_t cols) {
-  switch (f) {
-    case QuantFormat::int4: return (cols + 7) / 8 * 4;  // whole int32 words
-    case QuantFormat::mxfp4: return (cols + 1) / 2;
-    case QuantFormat::int8:
-    case QuantFormat::fp8: return cols;
-  }
-  __builtin_unreachable();
-}
-
-int64_t scale_bytes(QuantFormat f) { return f == QuantFormat::mxfp4 ? 1 : 4; }
-
 }  // namespace
 
 std::string_view quant_format_name(QuantFormat f) {
@@ -111,21 +99,34 @@ int quant_code_bits(QuantFormat f) {
   return f == QuantFormat::int4 || f == QuantFormat::mxfp4 ? 4 : 8;
 }
 
+int64_t quant_code_row_bytes(QuantFormat f, int64_t cols) {
+  switch (f) {
+    case QuantFormat::int4: return (cols + 7) / 8 * 4;  // whole int32 words
+    case QuantFormat::mxfp4: return (cols + 1) / 2;
+    case QuantFormat::int8:
+    case QuantFormat::fp8: return cols;
+  }
+  __builtin_unreachable();
+}
+
+int64_t quant_scale_bytes(QuantFormat f) { return f == QuantFormat::mxfp4 ? 1 : 4; }
+
 int64_t quant_bytes(QuantFormat format, int64_t rows, int64_t cols, int64_t group) {
   const int64_t scale_rows = format == QuantFormat::fp8 ? (rows + 127) / 128 : rows;
-  return rows * code_row_bytes(format, cols) +
-         scale_rows * ((cols + group - 1) / group) * scale_bytes(format);
+  return rows * quant_code_row_bytes(format, cols) +
+         scale_rows * ((cols + group - 1) / group) * quant_scale_bytes(format);
 }
 
 int64_t QuantMatrix::bytes() const {
-  return rows * code_row_bytes(format, cols) + scale_rows() * scale_cols() * scale_bytes(format);
+  return rows * quant_code_row_bytes(format, cols) +
+         scale_rows() * scale_cols() * quant_scale_bytes(format);
 }
 
 QuantMatrix QuantMatrix::slice(int64_t e, int64_t code_bytes_per_matrix,
                                int64_t scales_per_matrix) const {
   QuantMatrix m = *this;
   m.codes = codes + e * code_bytes_per_matrix;
-  m.scales = static_cast<const char*>(scales) + e * scales_per_matrix * scale_bytes(format);
+  m.scales = static_cast<const char*>(scales) + e * scales_per_matrix * quant_scale_bytes(format);
   return m;
 }
 
@@ -145,11 +146,12 @@ void check_quant_matrix(const QuantMatrix& q, std::string_view what) {
   const bool rows_ok = q.row_group == 1 || (q.format == QuantFormat::fp8 && q.row_group == 128);
   TIERMOE_CHECK(rows_ok, str_of("the ", fmt, " matrix has ", q.row_group, " rows per scale"), name,
                 "fp8 blocks are 128 rows (1 once stacked off a block edge); other formats 1");
-  TIERMOE_CHECK(q.code_stride >= code_row_bytes(q.format, q.cols) && q.scale_stride >= q.scale_cols(),
-                str_of("the ", fmt, " matrix [", q.rows, ", ", q.cols, "] has rows of ",
-                       q.code_stride, " code bytes and ", q.scale_stride, " scales; it needs ",
-                       code_row_bytes(q.format, q.cols), " and ", q.scale_cols()),
-                name, "check the codes' and scales' shapes against the matrix's");
+  TIERMOE_CHECK(
+      q.code_stride >= quant_code_row_bytes(q.format, q.cols) && q.scale_stride >= q.scale_cols(),
+      str_of("the ", fmt, " matrix [", q.rows, ", ", q.cols, "] has rows of ", q.code_stride,
+             " code bytes and ", q.scale_stride, " scales; it needs ",
+             quant_code_row_bytes(q.format, q.cols), " and ", q.scale_cols()),
+      name, "check the codes' and scales' shapes against the matrix's");
 }
 
 void dequantize_row(const QuantMatrix& q, int64_t row, int64_t c0, int64_t n, float* out) {
@@ -327,7 +329,7 @@ QuantBuffer alloc_quant_matrix(QuantFormat format, int64_t rows, int64_t cols, i
   QuantMatrix q;
   q.format = format;
   q.rows = rows, q.cols = cols, q.group = group, q.row_group = row_group;
-  q.code_stride = code_row_bytes(format, cols);
+  q.code_stride = quant_code_row_bytes(format, cols);
   q.scale_stride = q.scale_cols();
   // Tracked storage for raw bytes: f32 tensors of enough elements.
   struct Owned {
@@ -335,8 +337,8 @@ QuantBuffer alloc_quant_matrix(QuantFormat format, int64_t rows, int64_t cols, i
   };
   auto owned = std::make_shared<Owned>();
   owned->codes = Tensor::zeros({(rows * q.code_stride + 3) / 4}, DType::f32, tag);
-  owned->scales = Tensor::zeros({(q.scale_rows() * q.scale_stride * scale_bytes(format) + 3) / 4},
-                                DType::f32, tag);
+  owned->scales = Tensor::zeros(
+      {(q.scale_rows() * q.scale_stride * quant_scale_bytes(format) + 3) / 4}, DType::f32, tag);
   QuantBuffer buf;
   buf.codes = static_cast<uint8_t*>(owned->codes.raw());
   buf.scales = owned->scales.raw();
@@ -369,8 +371,8 @@ QuantMatrix stack_quant_rows(const std::vector<QuantMatrix>& parts, MemTag tag) 
       alloc_quant_matrix(p0.format, rows, p0.cols, p0.group, whole_blocks ? p0.row_group : 1, tag);
   out.matrix.bf16_values = p0.bf16_values;
   const QuantMatrix& q = out.matrix;
-  const int64_t row_bytes = code_row_bytes(q.format, q.cols);
-  const int64_t sb = scale_bytes(q.format), scale_row_bytes = q.scale_stride * sb;
+  const int64_t row_bytes = quant_code_row_bytes(q.format, q.cols);
+  const int64_t sb = quant_scale_bytes(q.format), scale_row_bytes = q.scale_stride * sb;
   int64_t r0 = 0;
   for (const QuantMatrix& p : parts) {
     for (int64_t r = 0; r < p.rows; ++r) {

@@ -8,6 +8,23 @@ int64_t CausalLM::num_moe_layers() const {
   return n;
 }
 
+std::optional<ExpertQuant> CausalLM::expert_quant() const {
+  std::optional<ExpertQuant> first;
+  bool seen = false;
+  for (const auto& l : layers_) {
+    if (!l->is_moe()) continue;
+    const std::optional<ExpertQuant> q = l->moe()->experts().quant();
+    TIERMOE_CHECK(!seen || q == first,
+                  "the MoE layers hold their experts in different formats (" +
+                      (first ? first->str() : std::string("unquantized")) + " and " +
+                      (q ? q->str() : std::string("unquantized")) + ")",
+                  "CausalLM", "quantize every layer's routed experts the same way");
+    first = q;
+    seen = true;
+  }
+  return first;
+}
+
 LayerTimes CausalLM::layer_times() const {
   LayerTimes sum;
   for (const auto& l : layers_) {

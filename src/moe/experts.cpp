@@ -119,6 +119,13 @@ void GroupedExperts::bind_quantized_weights(std::vector<QuantMatrix> w13, std::v
                                  w2[size_t(e)].cols, "]; the experts need [", 2 * F, ", ", D,
                                  "] and [", D, ", ", F, "]"),
                   name_, "quantize the experts' own W13 (gate rows, then up) and W2");
+    TIERMOE_CHECK(quant_layout(w13[size_t(e)]) == quant_layout(w13[0]) &&
+                      quant_layout(w2[size_t(e)]) == quant_layout(w2[0]),
+                  detail::str_of("expert ", e, "'s quantized W13 and W2 are ",
+                                 quant_layout(w13[size_t(e)]).str(), " and ",
+                                 quant_layout(w2[size_t(e)]).str(), ", expert 0's ",
+                                 quant_layout(w13[0]).str(), " and ", quant_layout(w2[0]).str()),
+                  name_, "a layer's experts share one format, group and scale layout");
   }
   TIERMOE_CHECK(!cfg_.post_norm, "quantized experts with a post-norm are not supported", name_,
                 "keep these experts in the compute dtype");
@@ -130,6 +137,13 @@ void GroupedExperts::bind_quantized_weights(std::vector<QuantMatrix> w13, std::v
   w13_EFD = Tensor::from_external(nullptr, {E, 2 * F, D}, dtype_, nullptr);
   w2_EDF = Tensor::from_external(nullptr, {E, D, F}, dtype_, nullptr);
   weights_changed();
+}
+
+std::string ExpertQuant::str() const { return "w13 " + w13.str() + ", w2 " + w2.str(); }
+
+std::optional<ExpertQuant> GroupedExperts::quant() const {
+  if (!quantized()) return std::nullopt;
+  return ExpertQuant{quant_layout(q13_[0]), quant_layout(q2_[0])};
 }
 
 int64_t GroupedExperts::weight_bytes() const {

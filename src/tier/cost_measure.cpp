@@ -11,6 +11,7 @@
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/core/random.h"
 #include "tiermoe/core/timer.h"
+#include "tiermoe/kernels/quant_image.h"
 #include "tiermoe/moe/executor.h"
 #include "tiermoe/moe/saved.h"
 #include "tiermoe/tier/cost_model.h"
@@ -105,11 +106,34 @@ StagedExpert stage_expert(Device& dev, DeviceBuffers& bufs, const ExpertShape& s
     st.host.push_back(random_host(dst.shape, dst.dtype, rng, scale));
     upload_tensor(dev, dst, st.host.back());
   };
-  const DeviceTensor w13 = resident("w13_FD", {2 * s.F, s.D}, s.dtype, BufferUsage::weights);
-  const DeviceTensor w2 = resident("w2_DF", {s.D, s.F}, s.dtype, BufferUsage::weights);
-  upload(w13, 0.02);
-  upload(w2, 0.02);
-  std::vector<std::pair<std::string, DeviceTensor>> weights = {{"w13_FD", w13}, {"w2_DF", w2}};
+  const WorkspaceLayout ws = workspace_layout(s, G);
+  const DeviceBuffer ws_buf = bufs.alloc(ws.bytes, BufferUsage::workspace, "measure workspace");
+  dev.zero(ws_buf, 0, ws.bytes);
+  auto slot = [&](const char* name) { return ws.tensor(ws_buf, name); };
+
+  std::vector<std::pair<std::string, DeviceTensor>> weights;
+  if (s.quant) {
+    // The images, and the workspace's scratch the graph decodes them into.
+    auto image = [&](const char* name, const QuantLayout& l, int64_t rows, int64_t cols) {
+      const QuantMatrix q = random_quant_matrix(l, rows, cols, rng);
+      const QuantImage im = quant_image(l, rows, cols);
+      const DeviceTensor t = resident(name, {im.words()}, DType::f32, BufferUsage::weights);
+      st.host.push_back(Tensor::empty({im.words()}, DType::f32));
+      write_quant_image(q, st.host.back().raw());
+      upload_tensor(dev, t, st.host.back());
+      weights.push_back({name, t});
+    };
+    image("w13_q", s.quant->w13, 2 * s.F, s.D);
+    image("w2_q", s.quant->w2, s.D, s.F);
+    weights.push_back({"w13_FD", slot("w13_FD")});
+    weights.push_back({"w2_DF", slot("w2_DF")});
+  } else {
+    const DeviceTensor w13 = resident("w13_FD", {2 * s.F, s.D}, s.dtype, BufferUsage::weights);
+    const DeviceTensor w2 = resident("w2_DF", {s.D, s.F}, s.dtype, BufferUsage::weights);
+    upload(w13, 0.02);
+    upload(w2, 0.02);
+    weights = {{"w13_FD", w13}, {"w2_DF", w2}};
+  }
   if (s.bias) {
     const DeviceTensor b13 = resident("b13_F", {2 * s.F}, s.dtype, BufferUsage::weights);
     const DeviceTensor b2 = resident("b2_D", {s.D}, s.dtype, BufferUsage::weights);
@@ -119,10 +143,6 @@ StagedExpert stage_expert(Device& dev, DeviceBuffers& bufs, const ExpertShape& s
     weights.push_back({"b2_D", b2});
   }
 
-  const WorkspaceLayout ws = workspace_layout(s, G);
-  const DeviceBuffer ws_buf = bufs.alloc(ws.bytes, BufferUsage::workspace, "measure workspace");
-  dev.zero(ws_buf, 0, ws.bytes);
-  auto slot = [&](const char* name) { return ws.tensor(ws_buf, name); };
   upload(slot("x_GD"), 1.0);
   if (s.absorb) upload(slot("score_G"), 0.5);
 
@@ -170,8 +190,19 @@ double measure_host(const ExpertShape& s, TrainMode m, int threads) {
   cfg.bias = s.bias;
   GroupedExperts experts(cfg, s.dtype, "measure_host");
   Rng rng(1);
+  if (s.quant) {
+    // The quantized products the layers run, at their stored width.
+    std::vector<QuantMatrix> w13, w2;
+    for (int64_t e = 0; e < kHostExperts; ++e) {
+      w13.push_back(random_quant_matrix(s.quant->w13, 2 * s.F, s.D, rng));
+      w2.push_back(random_quant_matrix(s.quant->w2, s.D, s.F, rng));
+    }
+    experts.bind_quantized_weights(std::move(w13), std::move(w2));
+  }
   for (const std::string& name : experts.param_names()) {
-    fill_uniform(experts.param(name), rng, -0.03, 0.03);
+    if (!(s.quant && (name == "w13" || name == "w2"))) {
+      fill_uniform(experts.param(name), rng, -0.03, 0.03);
+    }
   }
   HostExperts host(experts);
 

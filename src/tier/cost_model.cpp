@@ -64,6 +64,7 @@ GraphKey expert_graph_key(GraphKind kind, const ExpertShape& s, int64_t G) {
   k.activation = s.activation;
   k.absorb = s.absorb;
   k.bias = s.bias;
+  k.quant = s.quant;
   return k;
 }
 
@@ -134,11 +135,17 @@ double sync_seconds(const ExpertShape& s, TrainMode m, const CostModel& c) {
   return double(sync_bytes(s, m)) / c.link_bytes_per_s;
 }
 
-size_t bytes_upload(const ExpertShape& s) { return size_t(s.param_count()) * dtype_size(s.dtype); }
+size_t bytes_upload(const ExpertShape& s) {
+  if (!s.quant) return size_t(s.param_count()) * dtype_size(s.dtype);
+  const int64_t images =
+      quant_image(s.quant->w13, 2 * s.F, s.D).bytes + quant_image(s.quant->w2, s.D, s.F).bytes;
+  return size_t(images + (s.bias ? 2 * s.F + s.D : 0) * int64_t(dtype_size(s.dtype)));
+}
 
 size_t bytes_resident(const ExpertShape& s, TrainMode m) {
-  const size_t n = size_t(s.param_count());
-  return n * dtype_size(s.dtype) + (m == TrainMode::full ? n * dtype_size(s.grad_dtype()) : 0);
+  const size_t sums =
+      m == TrainMode::full ? size_t(s.param_count()) * dtype_size(s.grad_dtype()) : 0;
+  return bytes_upload(s) + sums;
 }
 
 const WorkspaceSlot& WorkspaceLayout::slot(std::string_view name) const {
@@ -166,6 +173,10 @@ WorkspaceLayout workspace_layout(const ExpertShape& s, int64_t G) {
   if (s.absorb) {
     want.push_back({"score_G", {{G}, st}});
     want.push_back({"dscore_G", {{G}, st}});
+  }
+  if (s.quant) {
+    want.push_back({"w13_FD", {{2 * s.F, s.D}, dt}});
+    want.push_back({"w2_DF", {{s.D, s.F}, dt}});
   }
   WorkspaceLayout out;
   for (auto& [name, spec] : want) {

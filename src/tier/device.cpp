@@ -27,7 +27,8 @@ std::string GraphKey::str() const {
                         bias ? " bias" : "",
                         activation == ExpertActivation::gpt_oss
                             ? detail::str_of(" alpha ", gpt_oss.alpha, " limit ", gpt_oss.limit)
-                            : std::string());
+                            : std::string(),
+                        quant ? " " + quant->str() : std::string());
 }
 
 const DeviceTensor* GraphArgs::find(std::string_view name) const {

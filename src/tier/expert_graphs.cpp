@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "tiermoe/kernels/quant_image.h"
 #include "tiermoe/moe/expert_math.h"
 
 namespace tiermoe {
@@ -22,6 +23,10 @@ std::vector<GraphSlot> make_slots(const GraphKey& key) {
     v.push_back(GraphSlot{name, field, std::move(shape), dtype});
   };
   auto weights = [&] {
+    if (key.quant) {
+      add("w13_q", &L::w13_q, {quant_image(key.quant->w13, 2 * F, D).words()}, DType::f32);
+      add("w2_q", &L::w2_q, {quant_image(key.quant->w2, D, F).words()}, DType::f32);
+    }
     add("w13_FD", &L::w13_FD, {2 * F, D}, t);
     add("w2_DF", &L::w2_DF, {D, F}, t);
   };
@@ -77,6 +82,13 @@ void validate_graph_key(const GraphKey& key) {
   TIERMOE_CHECK(act <= unsigned(ExpertActivation::gpt_oss),
                 "graph key has no such activation: " + raw, "GraphKey",
                 "activations are swiglu and gpt_oss");
+  TIERMOE_CHECK(!key.quant || key.kind != GraphKind::expert_bwd_dx_dw,
+                "graph key with quantized weights computes weight gradients: " + raw, "GraphKey",
+                "quantized experts are frozen: expert_fwd and expert_bwd_dx only");
+  TIERMOE_CHECK(!key.quant || (key.quant->w13.group >= 1 && key.quant->w13.row_group >= 1 &&
+                               key.quant->w2.group >= 1 && key.quant->w2.row_group >= 1),
+                "graph key with a quant layout of group or row group < 1: " + raw, "GraphKey",
+                "take the layouts from the experts' matrices (GroupedExperts::quant)");
   TIERMOE_CHECK(key.D >= 1 && key.F >= 1 && key.G >= 1,
                 "graph key needs D, F, G >= 1: " + key.str(), "GraphKey",
                 "G is the bucket's row count; D and F the expert's sizes");
@@ -102,6 +114,10 @@ bool ExpertGraph::takes_int(std::string_view name) const {
 }
 
 void ExpertGraph::run(ExpertLaunch t) const {
+  if (const auto& q = key().quant) {
+    dequantize_into(quant_image_view(q->w13, 2 * key().F, key().D, t.w13_q.raw()), t.w13_FD);
+    dequantize_into(quant_image_view(q->w2, key().D, key().F, t.w2_q.raw()), t.w2_DF);
+  }
   const ExpertMath m{&cfg_, key().dtype, ExpertWeights{t.w13_FD, t.w2_DF, t.b13_F, t.b2_D, {}},
                      /*adapter=*/nullptr, /*expert=*/0};
   ExpertRowsActs acts;

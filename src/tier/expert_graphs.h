@@ -1,6 +1,8 @@
 #pragma once
 // The expert graphs a CpuDevice compiles: what a GraphKey of the expert kinds
-// runs, over tensors that view device memory. The body is moe/expert_math.h,
+// runs, over tensors that view device memory. Quantized weights are decoded
+// into their scratch slots first (the values the host's packing expands, so
+// the products are the host's bits). The body is moe/expert_math.h,
 // the very functions the host's GroupedExperts runs, on an ExpertsConfig
 // built from the key (one expert, its dw_row_block = G so that one launch is
 // one block of the weight-gradient sum rule). Private to src/tier.
@@ -18,6 +20,7 @@ namespace tiermoe {
 // where the key has no such slot.
 struct ExpertLaunch {
   Tensor x_GD, w13_FD, w2_DF, b13_F, b2_D, score_G;  // forward inputs
+  Tensor w13_q, w2_q;  // quantized weights' images; w13_FD, w2_DF then their decoding
   Tensor y_GD, h_G2F, a_GF;                          // forward outputs (h, a: backward inputs)
   Tensor dy_GD, dx_GD, dscore_G;                     // backward
   Tensor dw13_FD, dw2_DF, db13_F, db2_D;             // weight-gradient sums, grad dtype

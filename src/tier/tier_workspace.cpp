@@ -11,7 +11,10 @@ int64_t bucket_for(const std::vector<int64_t>& buckets, int64_t rows) {
 }
 
 TierWorkspace::TierWorkspace(Device& device, const ExpertShape& shape, int64_t max_rows)
-    : device_(&device), max_rows_(max_rows), layout_(workspace_layout(shape, max_rows)) {
+    : device_(&device),
+      max_rows_(max_rows),
+      layout_(workspace_layout(shape, max_rows)),
+      has_decode_slots_(shape.quant.has_value()) {
   buffer_ = device.alloc(size_t(kWorkspaceSets) * layout_.bytes, BufferUsage::workspace,
                          "tier workspace (bucket staging)");
 }
@@ -26,6 +29,13 @@ DeviceTensor TierWorkspace::slot(std::string_view name, int64_t G, int64_t set) 
   DeviceTensor t = layout_.tensor(buffer_, name);
   t.offset += size_t(set) * layout_.bytes;
   t.shape[0] = G;
+  return t;
+}
+
+DeviceTensor TierWorkspace::decoded(std::string_view name, int64_t set) const {
+  TIERMOE_ASSERT(set >= 0 && set < kWorkspaceSets, "workspace set ", set);
+  DeviceTensor t = layout_.tensor(buffer_, name);
+  t.offset += size_t(set) * layout_.bytes;
   return t;
 }
 

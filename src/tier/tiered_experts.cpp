@@ -42,6 +42,7 @@ class DrainOnUnwind {
 struct TieredExperts::ExpertBlock {
   DeviceBuffer buffer;
   DeviceTensor w13_FD, w2_DF, b13_F, b2_D;
+  DeviceTensor w13_q, w2_q;  // instead of w13_FD, w2_DF: quantized images (held_quant())
 };
 
 // A resident expert's device memory: its weights, and with weight grads the
@@ -54,21 +55,31 @@ TieredExperts::ExpertBlock TieredExperts::alloc_block(DType dt, BufferUsage usag
                                                       const std::string& what) {
   const ExpertsConfig& cfg = experts_->config();
   const int64_t D = cfg.hidden, F = cfg.ffn;
+  // Weights of quantized experts are their images; gradient sums never are.
+  const std::optional<ExpertQuant> quant =
+      usage == BufferUsage::weights ? held_quant() : std::nullopt;
   ExpertBlock b;
   size_t offset = 0;
-  auto next = [&](Shape shape) {
-    DeviceTensor t{DeviceBuffer{}, offset, std::move(shape), dt};
-    offset += t.nbytes();
-    return t;
+  auto next = [&](Shape shape, DType t) {
+    DeviceTensor d{DeviceBuffer{}, offset, std::move(shape), t};
+    offset += d.nbytes();
+    return d;
   };
-  b.w13_FD = next({2 * F, D});
-  b.w2_DF = next({D, F});
+  if (quant) {
+    b.w13_q = next({quant_image(quant->w13, 2 * F, D).words()}, DType::f32);
+    b.w2_q = next({quant_image(quant->w2, D, F).words()}, DType::f32);
+  } else {
+    b.w13_FD = next({2 * F, D}, dt);
+    b.w2_DF = next({D, F}, dt);
+  }
   if (cfg.bias) {
-    b.b13_F = next({2 * F});
-    b.b2_D = next({D});
+    b.b13_F = next({2 * F}, dt);
+    b.b2_D = next({D}, dt);
   }
   b.buffer = device_->alloc(offset, usage, what);
-  for (DeviceTensor* t : {&b.w13_FD, &b.w2_DF, &b.b13_F, &b.b2_D}) t->buffer = b.buffer;
+  for (DeviceTensor* t : {&b.w13_FD, &b.w2_DF, &b.b13_F, &b.b2_D, &b.w13_q, &b.w2_q}) {
+    if (!t->shape.empty()) t->buffer = b.buffer;  // the block's parts, not the absent ones
+  }
   return b;
 }
 
@@ -102,6 +113,10 @@ TieredExperts::~TieredExperts() {
   }
 }
 
+std::optional<ExpertQuant> TieredExperts::held_quant() const {
+  return device_->holds_quantized() ? experts_->quant() : std::nullopt;
+}
+
 bool TieredExperts::device_capable() const {
   return !experts_->has_output_postprocess() && !host_->adapted().any();
 }
@@ -130,6 +145,10 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
                     std::none_of(resident_E.begin(), resident_E.end(), [](uint8_t r) { return r; }),
                 "these experts cannot run on the device (a LoRA adapter or a postprocess)", name(),
                 "keep them on the host (--placement host)");
+  TIERMOE_CHECK(!held_quant() || ws_->decodes(),
+                "the device holds these experts quantized (" + held_quant()->str() +
+                    "), but the tier's workspace has no room to decode them",
+                name(), "make the tier with an ExpertShape carrying the experts' quant layouts");
   size_t uploaded = 0;
   for (int64_t e = 0; e < E; ++e) {
     auto& r = state_[size_t(e)];
@@ -165,7 +184,13 @@ void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
   TIERMOE_CHECK(experts_->weights_bound(e),
                 detail::str_of("expert ", e, "'s weights are uploaded before they were bound"),
                 experts_->name(), "bind the experts' weights before the tier places any");
-  const ExpertWeights w = experts_->weights(e);
+  if (on_device.w13_q.buffer.valid()) {
+    upload_image(on_device.w13_q, experts_->quantized_w13(e));
+    upload_image(on_device.w2_q, experts_->quantized_w2(e));
+  }
+  const bool images = on_device.w13_q.buffer.valid();
+  // Quantized images carry W13 and W2; the biases come without dequantizing them.
+  const ExpertWeights w = images ? experts_->math_without_matrices(e).w : experts_->weights(e);
   // Frozen experts may be stored narrower than the compute dtype (bf16 in an
   // f32 run, experts.h); the device holds them widened (exact), so its graphs
   // run the plain products the host's mixed ones equal. An upload may read
@@ -179,14 +204,37 @@ void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
     upload_tensor(*device_, dst, widened);
     device_->sync();
   };
-  upload(on_device.w13_FD, w.w13_FD);
-  upload(on_device.w2_DF, w.w2_DF);
+  if (!images) {
+    upload(on_device.w13_FD, w.w13_FD);
+    upload(on_device.w2_DF, w.w2_DF);
+  }
   if (experts_->config().bias) {
     upload_tensor(*device_, on_device.b13_F, w.b13_F);
     upload_tensor(*device_, on_device.b2_D, w.b2_D);
   }
-  // Quantized experts' weights(e) are dequantized copies, which die here.
-  if (experts_->quantized()) device_->sync();
+  // Quantized experts' weights(e) are dequantized copies, and an image may
+  // be a staged copy: they die here.
+  if (experts_->quantized()) {
+    device_->sync();
+    staged_images_.clear();
+  }
+}
+
+void TieredExperts::upload_image(const DeviceTensor& dst, const QuantMatrix& q) {
+  const QuantImage im = quant_image(quant_layout(q), q.rows, q.cols);
+  TIERMOE_ASSERT(size_t(im.bytes) == dst.nbytes(), "image of ", im.bytes, " bytes into ",
+                 dst.nbytes());
+  if (quant_rows_dense(q)) {
+    // Codes and scales as the host holds them (a checkpoint's mapped pages
+    // or the loader's stacks): two copies, no staging.
+    device_->upload(dst.buffer, dst.offset, q.codes, size_t(im.codes_bytes));
+    device_->upload(dst.buffer, dst.offset + size_t(im.scales_offset), q.scales,
+                    size_t(im.scales_bytes));
+    return;
+  }
+  staged_images_.emplace_back(size_t(im.bytes));
+  write_quant_image(q, staged_images_.back().data());
+  device_->upload(dst.buffer, dst.offset, staged_images_.back().data(), size_t(im.bytes));
 }
 
 size_t TieredExperts::upload_weights() {
@@ -224,6 +272,7 @@ GraphKey TieredExperts::key(GraphKind kind, int64_t G, bool absorb) const {
   const ExpertsConfig& cfg = experts_->config();
   GraphKey k{kind, cfg.hidden, cfg.ffn, G, experts_->dtype(), cfg.activation, absorb, cfg.bias};
   if (cfg.activation == ExpertActivation::gpt_oss) k.gpt_oss = cfg.gpt_oss;
+  k.quant = held_quant();
   return k;
 }
 
@@ -275,11 +324,21 @@ void TieredExperts::end_counters() {
   stats_.transfer_s += now.transfer_s - before_.transfer_s;
 }
 
+void TieredExperts::set_weights(GraphArgs& args, const ExpertBlock& w, int64_t set) const {
+  if (w.w13_q.buffer.valid()) {
+    args.set("w13_q", w.w13_q).set("w2_q", w.w2_q);
+    args.set("w13_FD", ws_->decoded("w13_FD", set)).set("w2_DF", ws_->decoded("w2_DF", set));
+  } else {
+    args.set("w13_FD", w.w13_FD).set("w2_DF", w.w2_DF);
+  }
+  if (experts_->config().bias) args.set("b13_F", w.b13_F).set("b2_D", w.b2_D);
+}
+
 void TieredExperts::enqueue_forward(int64_t e, Tensor* y_ND, Tensor* h_N2F, Tensor* a_NF,
                                     const Tensor& x_ND, const std::vector<int64_t>& offset_E,
                                     const Tensor& score_N) {
   const Resident& r = *state_[size_t(e)];
-  const bool absorb = score_N.defined(), bias = experts_->config().bias;
+  const bool absorb = score_N.defined();
   const int64_t b = offset_E[size_t(e)], end = offset_E[size_t(e) + 1], Gmax = buckets_.back();
   for (int64_t c = b; c < end; c += Gmax) {
     const int64_t m = std::min(Gmax, end - c), G = bucket_for(buckets_, m);
@@ -289,14 +348,13 @@ void TieredExperts::enqueue_forward(int64_t e, Tensor* y_ND, Tensor* h_N2F, Tens
     const DeviceTensor x = slot("x_GD"), y = slot("y_GD"), h = slot("h_G2F"), a = slot("a_GF");
     stage_rows(x, x_ND.rows(c, c + m));
     GraphArgs args;
-    args.set("x_GD", x).set("w13_FD", r.weights.w13_FD).set("w2_DF", r.weights.w2_DF);
-    args.set("y_GD", y).set("h_G2F", h).set("a_GF", a);
+    args.set("x_GD", x).set("y_GD", y).set("h_G2F", h).set("a_GF", a);
+    set_weights(args, r.weights, set);
     if (absorb) {
       const DeviceTensor s = slot("score_G");
       stage_rows(s, score_N.rows(c, c + m));
       args.set("score_G", s);
     }
-    if (bias) args.set("b13_F", r.weights.b13_F).set("b2_D", r.weights.b2_D);
     device_->launch(graph, std::move(args));
     auto fetch = [&](Tensor* dst, const DeviceTensor& src) {
       if (!dst) return;
@@ -327,9 +385,8 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
     stage_rows(dy, dy_ND.rows(c, c + m));
     stage_rows(h, saved.get("h_N2F").rows(c, c + m));
     GraphArgs args;
-    args.set("dy_GD", dy).set("h_G2F", h).set("w13_FD", r.weights.w13_FD);
-    args.set("w2_DF", r.weights.w2_DF);
-    args.set("dx_GD", dx);
+    args.set("dy_GD", dy).set("h_G2F", h).set("dx_GD", dx);
+    set_weights(args, r.weights, set);
     if (absorb || sums_host) {
       const DeviceTensor a = slot("a_GF");
       stage_rows(a, saved.get("a_NF").rows(c, c + m));
@@ -340,7 +397,6 @@ void TieredExperts::enqueue_backward(int64_t e, Tensor& dx_ND, Tensor& dscore_N,
       stage_rows(s, score_N.rows(c, c + m));
       args.set("score_G", s).set("dscore_G", slot("dscore_G"));
     }
-    if (bias) args.set("b13_F", r.weights.b13_F).set("b2_D", r.weights.b2_D);
     if (sums_host) {
       const DeviceTensor x = slot("x_GD");
       stage_rows(x, saved.get("x_ND").rows(c, c + m));

@@ -22,6 +22,8 @@
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/moe/regions.h"
 #include "tiermoe/remat/policy.h"
+#include "tiermoe/tier/cost_model.h"
+#include "tiermoe/tier/cuda_device.h"
 
 namespace tiermoe {
 
@@ -104,6 +106,21 @@ MoeSavedBytes moe_saved(const Sizes& z, const MoeRematPlan& rp, bool absorbed, b
   if (lora_w13 && rp.routed_replay.w13) m.replay += 2 * NK * z.R * 4;
   if (lora_w2 && rp.routed_replay.w2) m.replay += NK * z.R * 4;
   return m;
+}
+
+// The device tier's memory: its workspace, then as many resident experts as
+// the budget holds (each as the device keeps it: cost_model.h), at most every
+// local one; the whole budget when even the workspace does not fit.
+size_t planned_device_bytes(const ModelConfig& c, DType dt, int64_t El,
+                            const std::optional<ExpertQuant>& quant, bool lora, size_t budget) {
+  ExpertShape held{c.hidden_size, c.moe_intermediate_size, dt, c.gpt_oss(),
+                   c.gpt_oss() ? ExpertActivation::gpt_oss : ExpertActivation::swiglu};
+  held.quant = quant;
+  const size_t workspace = bytes_workspace(held, ExpertsConfig{}.dw_row_block);
+  if (El == 0 || workspace >= budget) return budget;
+  const size_t per = bytes_resident(held, lora ? TrainMode::lora : TrainMode::full);
+  const size_t experts = std::min(size_t(c.num_moe_layers() * El), (budget - workspace) / per);
+  return workspace + experts * per;
 }
 
 }  // namespace
@@ -267,7 +284,28 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
                                                                        : 0;
   if (!lora && dt == DType::bf16) opt_per_param += 4;  // the fp32 master copy
   at(p, MemTag::optimizer) = size_t(trainable) * opt_per_param;
-  if (cfg.tier.enabled()) at(p, MemTag::device) = cfg.tier.device_memory;
+  if (cfg.tier.enabled()) {
+    // The layouts the experts are held in on the host; a device that holds
+    // quantized weights (the CPU device) keeps them so, the CUDA device
+    // widened (tier_session.cpp).
+    std::optional<ExpertQuant> quant;
+    auto both = [](QuantLayout l) { return ExpertQuant{l, l}; };
+    if (quantized) quant = both({*cfg.experts, cfg.experts_group, 1, true});
+    if (mxfp4_kept) quant = both({QuantFormat::mxfp4, 32, 1, false});
+    if (stored_kept && *stored->experts_format == QuantFormat::fp8) {
+      // Gate stacked over up keeps 128-row scale blocks only on whole blocks.
+      const int64_t w13_rows = c.moe_intermediate_size % 128 == 0 ? 128 : 1;
+      quant = ExpertQuant{{QuantFormat::fp8, 128, w13_rows, false},
+                          {QuantFormat::fp8, 128, 128, false}};
+    } else if (stored_kept) {
+      quant = both({*stored->experts_format, stored->experts_group, 1, false});
+    }
+    if (parse_device_choice(cfg.tier.device, "--device").kind == DeviceChoice::Kind::cuda) {
+      quant.reset();
+    }
+    at(p, MemTag::device) =
+        planned_device_bytes(c, dt, El, quant, lora, size_t(cfg.tier.device_memory));
+  }
 
   // Activations and saved, for one micro-batch.
   const int64_t layers = c.num_hidden_layers;

@@ -47,8 +47,10 @@ ExpertShape expert_shape(const CausalLM& model) {
   s.D = c.hidden_size;
   s.F = c.moe_intermediate_size;
   s.dtype = model.dtype();
-  s.activation = ExpertActivation::swiglu;
+  s.bias = c.gpt_oss();  // b13, b2 on the device beside the weights
+  s.activation = c.gpt_oss() ? ExpertActivation::gpt_oss : ExpertActivation::swiglu;
   s.absorb = model.absorb_scores() != AbsorbScores::off;
+  s.quant = model.expert_quant();
   return s;
 }
 
@@ -71,6 +73,12 @@ TierSession::TierSession(const TierRunConfig& config, const ExpertShape& shape, 
                          int64_t experts, bool full_ft, std::ostream* log,
                          std::optional<RoutingProfile> profile, bool progress_tty)
     : config_(config) {
+  // Quantized experts stay at their width on a device that holds them so
+  // (Device::holds_quantized), else they go up widened: the device's shape
+  // is what it holds. The host's is the run's.
+  ExpertShape widened = shape;
+  widened.quant.reset();
+  auto held_by = [&](const Device& d) { return d.holds_quantized() ? shape : widened; };
   config_.validate();
   const TrainMode mode = full_ft ? TrainMode::full : TrainMode::lora;
   const DeviceChoice choice = parse_device_choice(config_.device, "--device");
@@ -103,9 +111,9 @@ TierSession::TierSession(const TierRunConfig& config, const ExpertShape& shape, 
     cost.host_flops_per_s = measure_host(shape, mode, host_threads);
     meter.advance(1);
     const std::unique_ptr<Device> probe =
-        make_device(measure_device_bytes(shape, mode, cost.buckets));
+        make_device(measure_device_bytes(widened, mode, cost.buckets));  // the larger
     meter.advance(1);
-    const DeviceRates r = measure_device(*probe, shape, mode, cost.buckets, &meter);
+    const DeviceRates r = measure_device(*probe, held_by(*probe), mode, cost.buckets, &meter);
     meter.finish();
     cost.device_flops_per_s = r.flops_per_s;
     cost.link_bytes_per_s = r.link_bytes_per_s;
@@ -125,6 +133,14 @@ TierSession::TierSession(const TierRunConfig& config, const ExpertShape& shape, 
                    cost.link_bytes_per_s / 1e9, " GB/s, launch ", cost.launch_s * 1e6, " us\n");
   }
 
+  if (log && shape.quant) {
+    const ExpertShape held = held_by(*device_);
+    *log << str_of(
+        "tier: a resident expert holds ", bytes_resident(held, mode), " bytes (",
+        held.quant ? held.quant->str() : "widened: this device holds no quantized graphs", "; ",
+        bytes_resident(widened, mode), " widened)\n");
+  }
+
   DeviceTierConfig tc;
   tc.planner.budget_bytes = size_t(config_.device_memory);
   tc.planner.mode = parse_placement_mode(config_.placement, "--placement");
@@ -136,7 +152,8 @@ TierSession::TierSession(const TierRunConfig& config, const ExpertShape& shape, 
   tc.host_threads = host_threads;
   tc.replan = config_.replan;
   if (!profile && !config_.profile_in.empty()) profile = RoutingProfile::load(config_.profile_in);
-  tier_ = std::make_unique<DeviceTier>(*device_, tc, shape, layers, experts, std::move(profile));
+  tier_ = std::make_unique<DeviceTier>(*device_, tc, held_by(*device_), layers, experts,
+                                       std::move(profile));
   device_->inject(config_.faults);
 }
 

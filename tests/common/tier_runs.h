@@ -50,33 +50,45 @@ inline CostModel fast_device_cost() {
 }
 
 // `device` ("cpu" or "cuda") with room for the workspace and `experts`
-// resident experts of `run`'s shapes, under `placement` and fast_device_cost().
-inline TierRunConfig small_device_tier(const TrainConfig& run, const std::string& device,
-                                       int experts, const std::string& placement) {
-  const ModelConfig m = preset(run.preset);
-  const ExpertShape shape{m.hidden_size, m.moe_intermediate_size, run.dtype};
-  const TrainMode mode = run.lora ? TrainMode::lora : TrainMode::full;
+// resident experts of `shape` (as the device holds them), under `placement`
+// and fast_device_cost().
+inline TierRunConfig device_tier_with_room(const ExpertShape& shape, TrainMode mode,
+                                           const std::string& device, int64_t experts,
+                                           const std::string& placement) {
   TierRunConfig t;
   t.device = device;
-  t.device_memory =
-      bytes_workspace(shape, ExpertsConfig{}.dw_row_block) + experts * bytes_resident(shape, mode);
+  t.device_memory = bytes_workspace(shape, ExpertsConfig{}.dw_row_block) +
+                    size_t(experts) * bytes_resident(shape, mode);
   t.placement = placement;
   if (device == "cpu") t.device_threads = 1;
   t.cost = fast_device_cost();
   return t;
 }
 
-// small_device_tier with 5 of the tiny preset's 16 experts under `auto`, and
-// a planner that re-places on any gain: the placement follows the routing
-// from `profile_in` (none when empty) as it settles.
-inline TierRunConfig moving_device_tier(const TrainConfig& run, const std::string& device,
-                                        const std::string& profile_in) {
-  TierRunConfig t = small_device_tier(run, device, 5, "auto");
+// The same for `run`'s preset shapes.
+inline TierRunConfig small_device_tier(const TrainConfig& run, const std::string& device,
+                                       int experts, const std::string& placement) {
+  const ModelConfig m = preset(run.preset);
+  const ExpertShape shape{m.hidden_size, m.moe_intermediate_size, run.dtype};
+  return device_tier_with_room(shape, run.lora ? TrainMode::lora : TrainMode::full, device, experts,
+                               placement);
+}
+
+// `t` with a planner that re-places on any gain: the placement follows the
+// routing from `profile_in` (none when empty) as it settles.
+inline TierRunConfig following_the_routing(TierRunConfig t, const std::string& profile_in) {
   t.horizon_steps = 1'000'000;  // any gain pays for a move...
   t.min_gain = 0.0;             // ... so the placement follows the routing
   t.profile_decay = 0.5;
   t.profile_in = profile_in;
   return t;
+}
+
+// small_device_tier with 5 of the tiny preset's 16 experts under `auto`,
+// following the routing.
+inline TierRunConfig moving_device_tier(const TrainConfig& run, const std::string& device,
+                                        const std::string& profile_in) {
+  return following_the_routing(small_device_tier(run, device, 5, "auto"), profile_in);
 }
 
 // Each test in its own directory under the temp dir (named after the test),

@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "common/tier_runs.h"
-
+#include "tiermoe/io/tokens.h"
 
 namespace tiermoe {
 namespace {
@@ -100,6 +100,57 @@ TEST_F(TierTraining, StoredWidthExpertsOnTheDeviceEqualTheHostBitwise) {
   EXPECT_TRUE(exported(host) == exported(tiered));
   EXPECT_GT(tiered.tier.at("device_calls").get<int64_t>(), 0);
   EXPECT_GT(host.memory_peak[size_t(MemTag::mapped)], 0u);  // the experts were mapped, at bf16
+}
+
+// LoRA over frozen low-width experts: int4 quantized at load (the tiny
+// preset) and gpt-oss's MXFP4 as shipped (the transformers fixture). The
+// device holds each resident expert's stored bytes (tier/device.h's
+// images), with room for a third of the experts, and the placement follows
+// the routing: the host's losses and adapter bitwise, and the budget holds
+// more experts than it would widened.
+TEST_F(TierTraining, QuantizedExpertsOnTheDeviceEqualTheHostBitwise) {
+  TrainConfig int4 = testing::tiny_tier_run(DType::bf16, true, "auto");
+  int4.experts = QuantFormat::int4;
+  int4.experts_group = 32;
+  TrainConfig mxfp4 = testing::tiny_tier_run(DType::f32, true, "auto");
+  mxfp4.preset.clear();
+  mxfp4.model_dir = std::string(TIERMOE_TEST_DATA_DIR) + "/mxfp4/model";
+  std::vector<int32_t> tokens(4096);  // its vocabulary is 64
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t((i * 37 + i / 7) % 64);
+  mxfp4.data_file = (dir_ / "tokens.npy").string();
+  write_npy_tokens(mxfp4.data_file, tokens, TokenDType::i32);
+  for (const auto& [what, host_cfg] : {std::pair{"int4", int4}, std::pair{"mxfp4", mxfp4}}) {
+    const CausalLM model = build_model(host_cfg);
+    const std::optional<ExpertQuant> quant = model.expert_quant();
+    ASSERT_TRUE(quant) << what;
+    const ModelConfig& m = model.config();
+    const ExpertShape held{
+        .D = m.hidden_size,
+        .F = m.moe_intermediate_size,
+        .dtype = host_cfg.dtype,
+        .bias = m.gpt_oss(),
+        .activation = m.gpt_oss() ? ExpertActivation::gpt_oss : ExpertActivation::swiglu,
+        .quant = quant};
+    const int64_t room = model.num_moe_layers() * m.num_experts / 3;
+    TrainConfig tier_cfg = host_cfg;
+    tier_cfg.tier = testing::following_the_routing(
+        testing::device_tier_with_room(held, TrainMode::lora, "cpu", room, "auto"), "");
+    const TrainSummary host = train(host_cfg, std::string("host_") + what);
+    const TrainSummary tiered = train(tier_cfg, std::string("tier_") + what);
+    ASSERT_EQ(host.losses.size(), tiered.losses.size()) << what;
+    for (size_t i = 0; i < host.losses.size(); ++i) {
+      EXPECT_EQ(host.losses[i], tiered.losses[i]) << what << " step " << i + 1;
+    }
+    EXPECT_TRUE(exported(host) == exported(tiered)) << what;
+    EXPECT_GT(tiered.tier.at("device_calls").get<int64_t>(), 0) << what;
+    EXPECT_GE(tiered.tier.at("replacements").get<int64_t>(), 2) << what;
+    EXPECT_EQ(tiered.tier.at("resident").get<int64_t>(), room) << what;
+    // Widened, the same budget would hold fewer than half as many.
+    ExpertShape widened = held;
+    widened.quant.reset();
+    EXPECT_GT(bytes_resident(widened, TrainMode::lora), 2 * bytes_resident(held, TrainMode::lora))
+        << what;
+  }
 }
 
 TEST_F(TierTraining, ResumeWithTheTierPlacesFromTheCheckpointsProfile) {

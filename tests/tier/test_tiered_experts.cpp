@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <tuple>
 
 #include "moe/moe_test_util.h"
@@ -34,21 +35,33 @@ std::vector<int64_t> offsets(const std::vector<int64_t>& count) {
 }
 
 // One fixture: experts, their host executor, a CPU device and the tier.
+// With `quant` the experts' W13 and W2 are random matrices of those layouts.
 struct Rig {
-  Rig(Variant v, DType dt, size_t device_bytes = size_t(64) << 20) : dtype(dt) {
+  Rig(Variant v, DType dt, size_t device_bytes = size_t(64) << 20,
+      std::optional<ExpertQuant> quant = std::nullopt)
+      : dtype(dt) {
     ExpertsConfig cfg = testing::experts_config(v, kE, kD, kF);
     cfg.dw_row_block = kBlock;
     experts = std::make_unique<GroupedExperts>(cfg, dt, "layer0.experts");
     Rng rng(7);
     testing::fill_experts(*experts, rng);
+    if (quant) {
+      std::vector<QuantMatrix> w13, w2;
+      for (int64_t e = 0; e < kE; ++e) {
+        w13.push_back(random_quant_matrix(quant->w13, 2 * kF, kD, rng));
+        w2.push_back(random_quant_matrix(quant->w2, kD, kF, rng));
+      }
+      experts->bind_quantized_weights(std::move(w13), std::move(w2));
+    }
     host = std::make_unique<HostExperts>(*experts);
     device = std::make_unique<CpuDevice>(CpuDeviceConfig{.memory_bytes = device_bytes});
-    ExpertShape shape{kD, kF, dt, cfg.bias, cfg.activation, /*absorb=*/true};
+    shape = ExpertShape{kD, kF, dt, cfg.bias, cfg.activation, /*absorb=*/true, quant};
     workspace = std::make_unique<TierWorkspace>(*device, shape, kBlock);
     tiered = std::make_unique<TieredExperts>(*experts, *host, *device, *workspace,
                                              bucket_ladder(8, kBlock));
   }
   DType dtype;
+  ExpertShape shape;
   std::unique_ptr<GroupedExperts> experts;
   std::unique_ptr<HostExperts> host;
   std::unique_ptr<CpuDevice> device;
@@ -264,6 +277,64 @@ TEST(Tiered, AdaptedExpertsStayOnTheHost) {
   Rig rig(Variant::post_norm, DType::f32);
   EXPECT_FALSE(rig.tiered->device_capable());
   EXPECT_THROW(rig.tiered->set_resident(kResident, false), Error);
+}
+
+// Quantized experts stay at their width on the device: each resident expert
+// holds its two images (kernels/quant_image.h) and the graphs decode them
+// into the workspace, so every format gives the host's quantized products
+// bitwise (fp8's W13 with a scale row per row, as stacked off a block edge).
+struct QuantCase {
+  const char* name;
+  ExpertQuant quant;
+  Variant variant;
+};
+
+std::vector<QuantCase> quant_cases() {
+  const QuantLayout int4{QuantFormat::int4, 16, 1, true}, int8{QuantFormat::int8, 8, 1, false},
+      mxfp4{QuantFormat::mxfp4, 32, 1, false}, fp8_rows{QuantFormat::fp8, 128, 1, false},
+      fp8{QuantFormat::fp8, 128, 128, false};
+  return {{"int4_g16_bf16_values", {int4, int4}, Variant::swiglu},
+          {"int8_g8", {int8, int8}, Variant::swiglu},
+          {"mxfp4_gpt_oss", {mxfp4, mxfp4}, Variant::gpt_oss_bias},
+          {"fp8", {fp8_rows, fp8}, Variant::swiglu}};
+}
+
+TEST(Tiered, QuantizedExpertsStayAtTheirWidthAndGiveTheHostsBits) {
+  for (const QuantCase& k : quant_cases()) {
+    for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
+      for (bool absorb : {true, false}) {
+        const std::string where =
+            detail::str_of(k.name, " ", dtype_name(dt), absorb ? " absorbed" : " postcombine");
+        Rig rig(k.variant, dt, size_t(64) << 20, k.quant);
+        const Inputs in = make_inputs(dt, absorb);
+        const Outputs want = run(*rig.host, *rig.experts, in, false);
+        rig.tiered->set_resident(kResident, false);
+        EXPECT_TRUE(same(run(*rig.tiered, *rig.experts, in, false), want)) << where;
+        EXPECT_EQ(rig.tiered->take_stats().device_rows, 119) << where;
+        // Four resident experts, each its images (and biases), as the cost
+        // model counts them: fewer bytes than the widened weights.
+        EXPECT_EQ(rig.tiered->device_bytes(), 4 * bytes_upload(rig.shape)) << where;
+        ExpertShape widened = rig.shape;
+        widened.quant.reset();
+        EXPECT_LT(bytes_upload(rig.shape), bytes_upload(widened)) << where;
+      }
+    }
+  }
+}
+
+TEST(Tiered, StaleQuantizedImagesAreCaught) {
+  // The check above can fail: change a code of a resident expert on the
+  // host only, and the device computes with its old image until re-uploaded.
+  Rig rig(Variant::swiglu, DType::f32, size_t(64) << 20, quant_cases()[0].quant);
+  const Inputs in = make_inputs(DType::f32, true);
+  rig.tiered->set_resident(kResident, false);
+  // The matrix owns its codes (random_quant_matrix): writable in this test.
+  auto* codes = const_cast<uint8_t*>(rig.experts->quantized_w13(2).codes);
+  codes[5] ^= 0x11;
+  const Outputs want = run(*rig.host, *rig.experts, in, false);
+  EXPECT_FALSE(bitwise_equal(run(*rig.tiered, *rig.experts, in, false).y, want.y, "y_ND"));
+  rig.tiered->upload_weights();
+  EXPECT_TRUE(same(run(*rig.tiered, *rig.experts, in, false), want));
 }
 
 }  // namespace

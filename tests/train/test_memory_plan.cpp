@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "common/tier_runs.h"
 #include "io/test_safetensors_util.h"
 #include "tiermoe/core/parallel.h"
 #include "tiermoe/io/tokens.h"
@@ -242,6 +243,50 @@ TEST(MemoryPlan, CheckpointsShippedAtLowWidthArePlannedAsRead) {
       const TrainSummary s = run_training(c, RunControl{});
       expect_within_10_percent(s.memory_plan, str_of(family, ", ", dtype_name(dt), " LoRA"));
     }
+  }
+  set_num_threads(0);
+}
+
+// With the device tier (a CPU device, every expert placed there), the plan's
+// `device` is the workspace and the experts as the device holds them: at
+// their stored width for experts quantized at load and for the int4, FP8 and
+// MXFP4 checkpoints; with a budget one byte short of that, one expert fewer.
+TEST(MemoryPlan, LowWidthExpertsOnTheDeviceTierArePlannedAsHeld) {
+  set_num_threads(1);
+  TempDir dir;
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 % 64);  // vocab 64
+  const std::string data = (dir.path() / "tokens.npy").string();
+  write_npy_tokens(data, tokens, TokenDType::i32);
+  const std::string fixtures = std::string(TIERMOE_TEST_DATA_DIR);
+  for (const std::string model :
+       {std::string(), fixtures + "/families/qwen3_moe_int4",
+        fixtures + "/families/deepseek_v3_fp8", fixtures + "/mxfp4/model"}) {
+    TrainConfig c = config_of({"tiny", true, DType::bf16, "none", 2, 16, false});
+    if (model.empty()) {
+      c.experts = QuantFormat::int4;
+      c.experts_group = 32;
+    } else {
+      c.preset.clear();
+      c.model_dir = model;
+      c.data_file = data;
+      c.lora->targets = {"o_proj"};
+    }
+    c.tier.device = "cpu";
+    c.tier.device_threads = 1;
+    c.tier.placement = "device";
+    c.tier.cost = testing::fast_device_cost();
+    c.tier.device_memory = int64_t(64) << 20;
+    const std::string what = model.empty() ? "tiny --experts int4" : model;
+    const TrainSummary all = run_training(c, RunControl{});
+    expect_within_10_percent(all.memory_plan, what);
+    const int64_t held = all.memory_plan.at("device").at("measured").get<int64_t>();
+    c.tier.device_memory = held - 1;
+    const TrainSummary short_one = run_training(c, RunControl{});
+    expect_within_10_percent(short_one.memory_plan, what + ", one byte short");
+    EXPECT_EQ(short_one.tier.at("resident").get<int64_t>(),
+              all.tier.at("resident").get<int64_t>() - 1)
+        << what;
   }
   set_num_threads(0);
 }

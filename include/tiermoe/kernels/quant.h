@@ -46,6 +46,10 @@ std::string_view quant_format_name(QuantFormat f);  // "int4", "int8", "mxfp4", 
 QuantFormat parse_quant_format(std::string_view s, std::string_view where);
 // Bits per stored code.
 int quant_code_bits(QuantFormat f);
+// The fewest bytes a row of `cols` codes takes (int4: whole 32-bit words).
+int64_t quant_code_row_bytes(QuantFormat f, int64_t cols);
+// Bytes per stored scale: 4 (f32), 1 (mxfp4's E8M0).
+int64_t quant_scale_bytes(QuantFormat f);
 
 struct QuantMatrix {
   QuantFormat format = QuantFormat::int4;

@@ -178,6 +178,9 @@ class CausalLM {
   DeviceTier* device_tier() { return tier_; }
   const DeviceTier* device_tier() const { return tier_; }
   int64_t num_moe_layers() const;
+  // The routed experts' low-width layouts (every MoE layer's are the same),
+  // or none when they are held in the compute dtype.
+  std::optional<ExpertQuant> expert_quant() const;
   // After an in-place update of the weights (the optimizer step): the
   // trainable experts' packed copies are re-packed before they are next used.
   void expert_weights_changed();

@@ -72,6 +72,7 @@ class DecoderLayer {
   Weight& post_attention_layernorm() { return norm_post_; }
   DenseMlp* dense_mlp() { return mlp_.get(); }
   MoeBlock* moe() { return moe_.get(); }
+  const MoeBlock* moe() const { return moe_.get(); }
   SharedExpert* shared_expert() { return shared_.get(); }  // MoE layers of Qwen2-MoE, GLM-4.5
   // Its module path ("model.layers.3.mlp.shared_expert"); empty without one.
   const std::string& shared_expert_name() const { return shared_name_; }

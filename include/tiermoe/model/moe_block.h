@@ -48,6 +48,7 @@ class MoeBlock {
 
   Router& router() { return router_; }
   GroupedExperts& experts() { return experts_; }          // this rank's (local index e)
+  const GroupedExperts& experts() const { return experts_; }
   int64_t first_expert() const { return first_expert_; }  // global index of local expert 0
   MoeLayer& layer() { return layer_; }
   HostExperts& host_executor() { return executor_; }

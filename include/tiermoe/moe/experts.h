@@ -17,12 +17,14 @@
 // (gate rows, then up rows, as transformers v5's fused gate_up_proj).
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/kernels/quant.h"
+#include "tiermoe/kernels/quant_image.h"
 #include "tiermoe/moe/expert_ops.h"
 
 namespace tiermoe {
@@ -51,6 +53,15 @@ struct ExpertsConfig {
   // every tier sums the same products in the same order.
   int64_t dw_row_block = 512;
   void validate(std::string_view where = "experts") const;
+};
+
+// How quantized experts hold W13 and W2 (kernels/quant_image.h): one
+// layout each for all of a layer's experts, which is what a device
+// compiles its graphs for.
+struct ExpertQuant {
+  QuantLayout w13, w2;
+  auto operator<=>(const ExpertQuant&) const = default;
+  std::string str() const;  // "w13 int4 g128, w2 int4 g128"
 };
 
 // The three linear maps of a gated expert, as Hugging Face names them
@@ -133,6 +144,8 @@ class GroupedExperts {
   bool quantized() const { return !q13_.empty(); }
   const QuantMatrix& quantized_w13(int64_t e) const { return q13_[size_t(e)]; }
   const QuantMatrix& quantized_w2(int64_t e) const { return q2_[size_t(e)]; }
+  // Their layouts (none unless quantized).
+  std::optional<ExpertQuant> quant() const;
   // The bytes the experts' W13 and W2 hold: stored codes and scales when
   // quantized, else the bound tensors' (a mapped checkpoint's included).
   int64_t weight_bytes() const;

@@ -26,12 +26,15 @@
 //         (sync): its dW sums down (grad dtype) and the AdamW-updated weights
 //         up (compute dtype).
 // Memory: a resident expert holds its weights (w13 2F x D, w2 D x F, biases
-//         b13 2F and b2 D) in the compute dtype, and for full fine-tuning
-//         their gradient sums in the grad dtype (bytes_resident). Each device
+//         b13 2F and b2 D) in the compute dtype, or W13 and W2 as quantized
+//         images (kernels/quant_image.h), and for full fine-tuning their
+//         gradient sums in the grad dtype (bytes_resident). Each device
 //         holds one workspace (kWorkspaceSets x workspace_layout), shared by
-//         all layers.
+//         all layers; with quantized experts it has room to decode one.
+//         Uploads move what is held: quantized experts' stored bytes.
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -51,6 +54,9 @@ struct ExpertShape {
   bool bias = false;          // b13, b2 (GPT-OSS)
   ExpertActivation activation = ExpertActivation::swiglu;
   bool absorb = true;  // router scores go to the device (score_G, dscore_G)
+  // Frozen experts held at their stored width on a device that can
+  // (Device::holds_quantized); lora only.
+  std::optional<ExpertQuant> quant;
   DType grad_dtype() const { return dtype == DType::f64 ? DType::f64 : DType::f32; }
   DType score_dtype() const { return dtype == DType::f64 ? DType::f64 : DType::f32; }
   int64_t param_count() const { return 3 * D * F + (bias ? 2 * F + D : 0); }
@@ -110,6 +116,8 @@ size_t bytes_resident(const ExpertShape& s, TrainMode m);
 //   dx_GD     (G, D)   backward output
 //   h_G2F     (G, 2F)  forward output, backward input
 //   a_GF      (G, F)   forward output, backward input
+//   w13_FD    (2F, D)  quantized experts only: their decoded W13
+//   w2_DF     (D, F)   and W2 (graph scratch, whatever G)
 //   score_G   (G)      score dtype, absorbed only
 //   dscore_G  (G)      score dtype, absorbed only
 struct WorkspaceSlot {

@@ -67,6 +67,8 @@ class CpuDevice final : public Device {
   void launch(const Graph& graph, GraphArgs args) override;
   void sync() override;
 
+  bool holds_quantized() const override { return true; }
+
   DeviceCounters counters() const override;
   void reset_counters() override;
   void inject(const DeviceFaults& faults) override;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -73,11 +74,19 @@ struct GraphKey {
   bool absorb = true;  // router scores multiplied into the activation before W2
   bool bias = false;   // b13, b2 (GPT-OSS)
   GptOssActivation gpt_oss{};  // the clamped activation's alpha and limit (gpt_oss only)
+  // Frozen weights held at their stored width (kernels/quant_image.h): the
+  // graph decodes them into the w13_FD and w2_DF slots and computes from
+  // those. Forward and dx graphs only (a quantized expert trains no weights).
+  std::optional<ExpertQuant> quant;
   auto operator<=>(const GraphKey&) const = default;
   std::string str() const;  // "expert_fwd D2048 F768 G128 bf16 swiglu absorb"
 };
 
 // Named arguments of one launch. Expert graphs (G rows, slot names below):
+// W13 and W2 are w13_FD and w2_DF in the compute dtype, or with a quant
+// layout the images w13_q and w2_q (f32 words standing for bytes,
+// quant_image().words() of them) and w13_FD, w2_DF the scratch the graph
+// decodes them into (rewritten by every launch).
 //   expert_fwd        in  x_GD, w13_FD, w2_DF [, score_G if absorb] [, b13_F, b2_D if bias]
 //                     out y_GD, h_G2F, a_GF (a unscaled, as the host saves it)
 //   expert_bwd_dx     in  dy_GD, h_G2F, w13_FD, w2_DF [, a_GF, score_G if absorb]
@@ -149,6 +158,10 @@ class Device {
   virtual void launch(const Graph& graph, GraphArgs args) = 0;
   // Waits for everything enqueued; rethrows the first failure among it.
   virtual void sync() = 0;
+
+  // Whether graphs with a quant layout compile here (frozen experts then stay
+  // at their stored width in device memory; else they are uploaded widened).
+  virtual bool holds_quantized() const { return false; }
 
   virtual DeviceCounters counters() const = 0;
   virtual void reset_counters() = 0;

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,10 @@ class TierWorkspace {
   // The first G rows of a slot (x_GD, y_GD, dx_GD, h_G2F, a_GF, score_G,
   // dscore_G; the backward's dy goes in y_GD) of set `set`.
   DeviceTensor slot(std::string_view name, int64_t G, int64_t set) const;
+  // A set's decode scratch of quantized experts (w13_FD, w2_DF), when the
+  // shape it was made for has a quant layout (decodes()).
+  DeviceTensor decoded(std::string_view name, int64_t set) const;
+  bool decodes() const { return has_decode_slots_; }
   size_t bytes() const { return size_t(kWorkspaceSets) * layout_.bytes; }
   int64_t max_rows() const { return max_rows_; }
 
@@ -49,6 +54,7 @@ class TierWorkspace {
   Device* device_;
   int64_t max_rows_;
   WorkspaceLayout layout_;
+  bool has_decode_slots_ = false;
   DeviceBuffer buffer_;
 };
 
@@ -124,6 +130,15 @@ class TieredExperts final : public ExpertExecutor {
   void free_block(ExpertBlock& block);
   // Expert e's host weights into its device block.
   void upload_expert(int64_t e, const ExpertBlock& on_device);
+  // A quantized matrix into its image's window (staged when its rows are
+  // strided; the copy lives until upload_expert's sync).
+  void upload_image(const DeviceTensor& dst, const QuantMatrix& q);
+  // The weight slots of a launch: the block's tensors, or its images and
+  // the workspace set's decode scratch.
+  void set_weights(GraphArgs& args, const ExpertBlock& w, int64_t set) const;
+  // The layouts the device holds these experts in: the experts' own when
+  // they are quantized and the device holds quantized weights, else none.
+  std::optional<ExpertQuant> held_quant() const;
   // Experts whose rows this call sends to the device (empty: none).
   std::vector<uint8_t> device_experts(const std::vector<int64_t>& offset_E) const;
   // Expert e's forward rows on the device; the products whose destination
@@ -156,6 +171,7 @@ class TieredExperts final : public ExpertExecutor {
   std::function<void(const std::vector<int64_t>&)> observe_;
   TierLayerStats stats_;
   DeviceCounters before_;
+  std::vector<std::vector<char>> staged_images_;
   int64_t launches_ = 0;  // picks the workspace set of the next launch
 };
 

@@ -535,6 +535,10 @@ void CudaDevice::zero(const DeviceBuffer& dst, size_t offset, size_t bytes) {
 
 const Graph& CudaDevice::compile(const GraphKey& key) {
   Impl& d = *impl_;
+  // holds_quantized() is false: the tier uploads quantized experts widened.
+  TIERMOE_CHECK(!key.quant,
+                "device " + d.name + " has no graphs over quantized weights: " + key.str(), kWhere,
+                "upload the experts widened to the compute dtype");
   std::lock_guard compiling(d.compile_mu);
   {
     std::lock_guard lk(d.mu);
