@@ -219,7 +219,9 @@ void run_init(const InitOptions& o) {
   if (total_bytes > kLargeWriteBytes) {
     std::cerr << "warning: " << o.preset << " with " << config.num_hidden_layers << " layers is "
               << human_count(counts.total) << " parameters, " << human_bytes(total_bytes)
-              << " of " << dtype_name(dtype) << " to write to " << out.string()
+              << " of " << dtype_name(dtype)
+              << (experts.format ? str_of(" (routed experts ", o.experts, ")") : "")
+              << " to write to " << out.string()
               << " (--layers N writes fewer layers)\n";
   }
   prepare_out_dir(out, o.force);

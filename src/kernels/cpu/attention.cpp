@@ -449,6 +449,13 @@ void flash_backward(const Flash& f, Tensor& dq, Tensor& dk, Tensor& dv, const Te
           for (int64_t r = 0; r < pr.qrows; ++r) {
             int64_t a, e;
             pr.keys(f, r, a, e);
+            if (a >= e) {
+              // A query whose document starts past these keys (a later row of
+              // the block may still see them): nothing, as in the forward.
+              std::fill(p.floats() + r * f.blk, p.floats() + (r + 1) * f.blk, 0.f);
+              std::fill(ds.floats() + r * f.blk, ds.floats() + (r + 1) * f.blk, 0.f);
+              continue;
+            }
             const int64_t i = pr.i0 + r;
             probs_and_grads<T>(f, s.floats() + r * f.blk, dp.floats() + r * f.blk, a - j0, e - j0,
                                lse[size_t(i)], D[size_t(i)], p.floats() + r * f.blk,
