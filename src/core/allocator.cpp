@@ -1,6 +1,9 @@
 #include "tiermoe/core/allocator.h"
 
+#include <malloc.h>
+
 #include <cstdlib>
+#include <iterator>
 #include <map>
 #include <mutex>
 #include <string>
@@ -79,6 +82,22 @@ void HostAllocator::release_cached() {
   impl_->free_all();
 }
 
+size_t HostAllocator::cache_limit() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->limit;
+}
+
+void HostAllocator::set_cache_limit(size_t bytes) {
+  std::lock_guard lock(impl_->mutex);
+  impl_->limit = bytes;
+  while (impl_->idle_bytes > bytes) {
+    auto largest = std::prev(impl_->idle.end());
+    std::free(largest->second);
+    impl_->idle_bytes -= largest->first;
+    impl_->idle.erase(largest);
+  }
+}
+
 HostAllocator& HostAllocator::process() {
   // Never destroyed: tensors held by other statics may be freed after it.
   static HostAllocator* allocator = new HostAllocator([] {
@@ -87,5 +106,7 @@ HostAllocator& HostAllocator::process() {
   }());
   return *allocator;
 }
+
+void trim_malloc_heap() { malloc_trim(0); }
 
 }  // namespace tiermoe

@@ -1,3 +1,4 @@
+#include "tiermoe/core/allocator.h"
 #include "tiermoe/model/checkpoint.h"
 
 #include <filesystem>
@@ -396,6 +397,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       if (stores_mxfp4(ck, fused + "gate_up_proj") && c != DType::f64) {
         ex.bind_quantized_weights(mxfp4_matrices(ck, fused + "gate_up_proj", first_expert(), El),
                                   mxfp4_matrices(ck, fused + "down_proj", first_expert(), El));
+        trim_malloc_heap();  // the transient parts' holes, layer by layer
         continue;
       }
       // x-major on disk: transposed copies, at the stored width.
@@ -430,6 +432,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
       }
       stored_quant_.kept += 3 * El;
       ex.bind_quantized_weights(std::move(w13), std::move(w2));
+      trim_malloc_heap();  // the gate and up parts' holes, layer by layer
       continue;
     }
     for (int64_t e = 0; e < El; ++e) {

@@ -26,6 +26,15 @@ std::string HostMemoryEstimate::breakdown() const {
   return s;
 }
 
+double stored_expert_bytes_per_param(const ModelConfig& c) {
+  if (c.quant_method == "mxfp4") return 0.5 + 1.0 / 32;  // E2M1 codes, an E8M0 per 32
+  if (c.quant_method == "fp8") return 1.0 + 4.0 / (128 * 128);
+  if (c.quant_method == "compressed-tensors" && c.quant_bits > 0) {
+    return c.quant_bits / 8.0 + (c.quant_group > 0 ? 4.0 / double(c.quant_group) : 0.0);
+  }
+  return 0;
+}
+
 HostMemoryEstimate estimate_host_memory(const ModelConfig& c, const RunMemoryShape& run,
                                         const std::string& where) {
   auto mul = [&](std::initializer_list<int64_t> f) {
@@ -40,6 +49,14 @@ HostMemoryEstimate estimate_host_memory(const ModelConfig& c, const RunMemorySha
 
   HostMemoryEstimate e;
   e.weights = run.weights_mapped ? 0 : uint64_t(mul({params, value}));
+  // Routed experts a checkpoint ships at low width stay at it in runs that
+  // train none of them (io/stored_quant.h): codes and f32 scales.
+  const int64_t local_experts = n.experts / std::max(run.ranks, 1);
+  const double stored = stored_expert_bytes_per_param(c);
+  if (!run.weights_mapped && stored > 0 && !run.full_ft && run.dtype != DType::f64) {
+    e.weights -= uint64_t(mul({local_experts, value}));
+    e.weights += uint64_t(double(local_experts) * stored);
+  }
   if (run.full_ft) {
     e.grads = uint64_t(mul({params, acc}));
     const int64_t masters = run.optimizer_states + (run.dtype == DType::bf16 ? 1 : 0);

@@ -8,6 +8,7 @@
 #include <set>
 
 #include "tiermoe/core/bounds.h"
+#include "tiermoe/core/allocator.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/io/safetensors.h"
 #include "tiermoe/io/stored_quant.h"
@@ -183,7 +184,22 @@ MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunCont
           ? str_of("a smaller --corpus-tokens: ", (limit - plan.total()) / sizeof(int32_t),
                    " tokens fit")
           : std::string("a shorter token file, or a host with more memory"));
-  if (plan.total() <= limit) return plan;
+  if (plan.total() <= limit) {
+    // Freed blocks the allocator keeps for reuse are not in the plan: keep
+    // them to what the plan and the data leave under the limit, less room
+    // for what no tag counts (the binary, stacks, the libraries' buffers).
+    constexpr uint64_t kUntracked = uint64_t(1) << 30;
+    HostAllocator& host = HostAllocator::process();
+    const uint64_t left = limit - std::min(limit, plan.total() + data + kUntracked);
+    if (left < host.cache_limit()) {
+      host.set_cache_limit(size_t(left));
+      if (control.log) {
+        *control.log << str_of("memory: freed blocks kept for reuse capped at ",
+                               double(left) / (1 << 20), " MiB (what the plan leaves)\n");
+      }
+    }
+    return plan;
+  }
   std::string hint;
   for (const std::string& way : ways_to_fit(config, model, stored, ranks, limit)) {
     hint += (hint.empty() ? "it would fit with " : "; or ") + way;

@@ -52,6 +52,22 @@ TEST(HostAllocator, CacheStaysUnderItsLimitAndSkipsSmallBlocks) {
   EXPECT_EQ(a.cached_bytes(), 2 * mib);
 }
 
+TEST(HostAllocator, ALowerLimitFreesIdleBlocksPastIt) {
+  const size_t mib = size_t(1) << 20;
+  HostAllocator a(16 * mib);
+  void* b1 = a.allocate(2 * mib);
+  void* b2 = a.allocate(4 * mib);
+  a.deallocate(b1, 2 * mib);
+  a.deallocate(b2, 4 * mib);
+  EXPECT_EQ(a.cached_bytes(), 6 * mib);
+  a.set_cache_limit(3 * mib);  // the 4 MiB block goes, the largest first
+  EXPECT_EQ(a.cache_limit(), 3 * mib);
+  EXPECT_EQ(a.cached_bytes(), 2 * mib);
+  void* b3 = a.allocate(4 * mib);
+  a.deallocate(b3, 4 * mib);  // past the new limit: freed
+  EXPECT_EQ(a.cached_bytes(), 2 * mib);
+}
+
 TEST(HostAllocator, TensorsReuseBlocksAndTrackOnlyLiveBytes) {
   MemoryTracker tracker;
   const void* first;

@@ -31,6 +31,9 @@ class HostAllocator {
 
   size_t cached_bytes() const;
   void release_cached();  // frees every idle block
+  size_t cache_limit() const;
+  // Lowers or raises the bound; idle blocks past a lower one are freed.
+  void set_cache_limit(size_t bytes);
 
   // The block size a request is served with: large requests round up to one
   // of 8 steps per power of two, so a reused block wastes at most 1/8.
@@ -44,5 +47,11 @@ class HostAllocator {
   struct Impl;
   Impl* impl_;
 };
+
+// Hands the pages malloc holds free (holes between live blocks in its
+// arenas) back to the system. glibc keeps them resident, so a loader that
+// reads and frees many transient parts calls this as it goes (measured: 4 GB
+// resident past the 15.4 GB of int4 experts the full Qwen3-30B-A3B holds).
+void trim_malloc_heap();
 
 }  // namespace tiermoe

@@ -29,6 +29,10 @@ struct RunMemoryShape {
   bool weights_mapped = false;
 };
 
+// Bytes per routed-expert parameter a checkpoint ships them at
+// (quantization_config), or 0 when they are not at low width.
+double stored_expert_bytes_per_param(const ModelConfig& c);
+
 struct HostMemoryEstimate {
   uint64_t weights = 0, grads = 0, optimizer = 0, activations = 0;
   uint64_t total() const;  // saturates at 2^64 - 1
