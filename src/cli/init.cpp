@@ -216,12 +216,14 @@ void run_init(const InitOptions& o) {
   for (const HfTensor& t : tensors) total_bytes += experts.bytes(t, dtype);
   const fs::path out(o.out);
 
+  const std::string routed_as = !experts.format ? std::string()
+                                : *experts.format == QuantFormat::mxfp4
+                                    ? std::string(" (routed experts mxfp4)")
+                                    : str_of(" (routed experts ", o.experts, " g", o.group, ")");
   if (total_bytes > kLargeWriteBytes) {
     std::cerr << "warning: " << o.preset << " with " << config.num_hidden_layers << " layers is "
-              << human_count(counts.total) << " parameters, " << human_bytes(total_bytes)
-              << " of " << dtype_name(dtype)
-              << (experts.format ? str_of(" (routed experts ", o.experts, ")") : "")
-              << " to write to " << out.string()
+              << human_count(counts.total) << " parameters, " << human_bytes(total_bytes) << " of "
+              << dtype_name(dtype) << routed_as << " to write to " << out.string()
               << " (--layers N writes fewer layers)\n";
   }
   prepare_out_dir(out, o.force);
@@ -286,9 +288,7 @@ void run_init(const InitOptions& o) {
   std::cout << "wrote " << out.string() << ": " << o.preset << " (" << config.model_type << ", "
             << config.num_hidden_layers << " layers), " << tensors.size() << " tensors, "
             << human_count(counts.total) << " parameters, " << human_bytes(total_bytes) << " of "
-            << dtype_name(dtype)
-            << (experts.format ? str_of(" (routed experts ", o.experts, " g", o.group, ")") : "")
-            << " in "
+            << dtype_name(dtype) << routed_as << " in "
             << (shards.size() == 1 ? std::string("model.safetensors")
                                    : std::to_string(shards.size()) + " shards")
             << " + config.json, seed " << o.seed << "\n";

@@ -465,10 +465,12 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
     if (c.has_shared_expert()) {
       count(dense_w13_names(p + "mlp." + std::string(shared_expert_module(c.family)) + "."));
     }
-    if (c.gpt_oss()) {  // both matrices are transposed copies
+    if (c.gpt_oss()) {
+      // Both matrices are transposed copies at the stored width, unless they
+      // ship as MXFP4 (then kept at it, or decoded in f64 runs: no copy).
       for (const char* m : {"gate_up_proj", "down_proj"}) {
         const std::string name = fused_experts_prefix(l) + m;
-        n += shape_numel(stores_mxfp4(ck, name) ? mxfp4_shape(ck, name) : ck.entry(name).shape);
+        if (!stores_mxfp4(ck, name)) n += shape_numel(ck.entry(name).shape);
       }
       continue;
     }

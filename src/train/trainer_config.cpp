@@ -230,9 +230,17 @@ void check_fits_host(const TrainConfig& c, int ranks) {
                                 ? str_of("--preset ", c.preset,
                                          c.layers ? str_of(" --layers ", *c.layers) : std::string())
                                 : c.model_dir;
+  // A preset is drawn in the compute dtype before --experts would quantize
+  // it; init writes the low-width checkpoint one expert at a time instead.
+  const std::string low_width =
+      from_preset && c.lora && model.num_experts > 0
+          ? str_of("write it with its experts at 4 bits (tiermoe init --preset ", c.preset,
+                   " --experts ", model.gpt_oss() ? "mxfp4" : "int4",
+                   " --out DIR) and train --model DIR, ")
+          : std::string();
   check_host_memory_for(
       model, run, where, "--batch x --seq-len",
-      str_of(from_preset ? "pass fewer --layers, " : "",
+      str_of(low_width, from_preset ? "pass fewer --layers, " : "",
              c.lora ? "" : "train LoRA adapters (--lora-rank) instead of --full, ",
              "use a smaller --batch or --seq-len, or a machine with more memory"));
 }

@@ -137,6 +137,24 @@ TEST_F(CliQuantize, InitWritesGptOssExpertsInMxfp4) {
   EXPECT_EQ(stacks, 4);  // 2 layers x (gate_up, down)
   const RunResult in = run({"inspect", mx, "--summary"});
   EXPECT_EQ(in.rc, 0) << in.out << in.err;
+  // A LoRA run over it in bf16 maps the blocks as stored, and the plan says
+  // so (it once subtracted transposed copies that MXFP4 experts never make).
+  const std::string lora_out = path("lora").string();
+  const RunResult lora = run({"train",  "--model",         mx,     "--lora-rank", "2", "--dtype",
+                              "bf16",   "--steps",         "2",    "--batch",     "2", "--seq-len",
+                              "16",     "--corpus-tokens", "4096", "--threads",   "2", "--out",
+                              lora_out, "--json"});
+  ASSERT_EQ(lora.rc, 0) << lora.err;
+  const nlohmann::json plan = last_json_line(lora.out).at("memory_plan");
+  for (const auto& [tag, m] : plan.items()) {
+    if (tag == "total") continue;
+    const double predicted = m.at("predicted").get<double>(), measured = m.at("measured");
+    if (measured == 0) {
+      EXPECT_EQ(predicted, 0) << tag;
+    } else {
+      EXPECT_NEAR(predicted / measured, 1.0, 0.10) << tag;
+    }
+  }
   const RunResult bad =
       run({"init", "--preset", "tiny", "--out", path("t").string(), "--experts", "mxfp4"});
   EXPECT_TRUE(bad.err.find("--experts mxfp4 is not written for qwen3_moe") != std::string::npos)

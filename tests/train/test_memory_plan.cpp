@@ -222,16 +222,22 @@ TEST(MemoryPlan, FusedExpertStacksFromACheckpointPlanTheirPacks) {
   set_num_threads(0);
 }
 
+// 4096 tokens for the fixtures' vocabulary of 64, in `dir`; the file's path.
+std::string vocab64_tokens(const TempDir& dir) {
+  std::vector<int32_t> tokens(4096);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 % 64);
+  const std::string data = (dir.path() / "tokens.npy").string();
+  write_npy_tokens(data, tokens, TokenDType::i32);
+  return data;
+}
+
 // Checkpoints shipped at low width (the int4 and FP8 family fixtures): a
 // LoRA run keeps their routed experts' codes and f32 scales and dequantizes
 // their other low-width matrices; the plan counts both.
 TEST(MemoryPlan, CheckpointsShippedAtLowWidthArePlannedAsRead) {
   set_num_threads(1);
   TempDir dir;
-  std::vector<int32_t> tokens(4096);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 % 64);  // vocab 64
-  const std::string data = (dir.path() / "tokens.npy").string();
-  write_npy_tokens(data, tokens, TokenDType::i32);
+  const std::string data = vocab64_tokens(dir);
   for (const char* family : {"qwen3_moe_int4", "deepseek_v3_fp8"}) {
     for (DType dt : {DType::f32, DType::bf16}) {
       TrainConfig c = config_of({"tiny", true, dt, "none", 2, 16, false});
@@ -254,10 +260,7 @@ TEST(MemoryPlan, CheckpointsShippedAtLowWidthArePlannedAsRead) {
 TEST(MemoryPlan, LowWidthExpertsOnTheDeviceTierArePlannedAsHeld) {
   set_num_threads(1);
   TempDir dir;
-  std::vector<int32_t> tokens(4096);
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = int32_t(i * 7 % 64);  // vocab 64
-  const std::string data = (dir.path() / "tokens.npy").string();
-  write_npy_tokens(data, tokens, TokenDType::i32);
+  const std::string data = vocab64_tokens(dir);
   const std::string fixtures = std::string(TIERMOE_TEST_DATA_DIR);
   for (const std::string model :
        {std::string(), fixtures + "/families/qwen3_moe_int4",
