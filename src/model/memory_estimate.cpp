@@ -5,6 +5,7 @@
 
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
+#include "tiermoe/kernels/quant.h"
 
 namespace tiermoe {
 
@@ -27,10 +28,15 @@ std::string HostMemoryEstimate::breakdown() const {
 }
 
 double stored_expert_bytes_per_param(const ModelConfig& c) {
-  if (c.quant_method == "mxfp4") return 0.5 + 1.0 / 32;  // E2M1 codes, an E8M0 per 32
-  if (c.quant_method == "fp8") return 1.0 + 4.0 / (128 * 128);
-  if (c.quant_method == "compressed-tensors" && c.quant_bits > 0) {
-    return c.quant_bits / 8.0 + (c.quant_group > 0 ? 4.0 / double(c.quant_group) : 0.0);
+  // Code bits, and a scale per `area` elements.
+  auto per_param = [](QuantFormat f, int64_t area) {
+    return quant_code_bits(f) / 8.0 + double(quant_scale_bytes(f)) / double(area);
+  };
+  if (c.quant_method == "mxfp4") return per_param(QuantFormat::mxfp4, 32);
+  if (c.quant_method == "fp8") return per_param(QuantFormat::fp8, 128 * 128);
+  if (c.quant_method == "compressed-tensors" && (c.quant_bits == 4 || c.quant_bits == 8)) {
+    const QuantFormat f = c.quant_bits == 4 ? QuantFormat::int4 : QuantFormat::int8;
+    return c.quant_group > 0 ? per_param(f, c.quant_group) : quant_code_bits(f) / 8.0;
   }
   return 0;
 }

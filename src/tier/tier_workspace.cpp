@@ -25,14 +25,16 @@ TierWorkspace::~TierWorkspace() {
 
 DeviceTensor TierWorkspace::slot(std::string_view name, int64_t G, int64_t set) const {
   TIERMOE_ASSERT(G >= 1 && G <= max_rows_, "bucket ", G, " past the workspace's ", max_rows_);
-  TIERMOE_ASSERT(set >= 0 && set < kWorkspaceSets, "workspace set ", set);
-  DeviceTensor t = layout_.tensor(buffer_, name);
-  t.offset += size_t(set) * layout_.bytes;
+  DeviceTensor t = in_set(name, set);
   t.shape[0] = G;
   return t;
 }
 
 DeviceTensor TierWorkspace::decoded(std::string_view name, int64_t set) const {
+  return in_set(name, set);
+}
+
+DeviceTensor TierWorkspace::in_set(std::string_view name, int64_t set) const {
   TIERMOE_ASSERT(set >= 0 && set < kWorkspaceSets, "workspace set ", set);
   DeviceTensor t = layout_.tensor(buffer_, name);
   t.offset += size_t(set) * layout_.bytes;

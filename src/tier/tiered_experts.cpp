@@ -212,9 +212,10 @@ void TieredExperts::upload_expert(int64_t e, const ExpertBlock& on_device) {
     upload_tensor(*device_, on_device.b13_F, w.b13_F);
     upload_tensor(*device_, on_device.b2_D, w.b2_D);
   }
-  // Quantized experts' weights(e) are dequantized copies, and an image may
-  // be a staged copy: they die here.
-  if (experts_->quantized()) {
+  // What an upload may still read dies here: quantized experts' weights(e)
+  // are dequantized copies, and strided images staged ones. An image of the
+  // host's own codes and scales needs no wait.
+  if ((experts_->quantized() && !images) || !staged_images_.empty()) {
     device_->sync();
     staged_images_.clear();
   }

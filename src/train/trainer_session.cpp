@@ -151,7 +151,24 @@ std::optional<StoredMatrices> stored_matrices(const TrainConfig& c, const ModelC
   return s;
 }
 
-// Logs the plan and refuses a run it says cannot fit, before anything is loaded.
+// Freed blocks the allocator keeps for reuse (core/allocator.h) are in no
+// plan: keeps them within `left`, the bytes the plan and the data leave
+// under the limit, less room for what no tag counts (the binary, stacks,
+// the libraries' buffers).
+void cap_reused_blocks(uint64_t left, std::ostream* log) {
+  constexpr uint64_t kUntracked = uint64_t(1) << 30;
+  const uint64_t cap = left - std::min(left, kUntracked);
+  HostAllocator& host = HostAllocator::process();
+  if (cap >= host.cache_limit()) return;
+  host.set_cache_limit(size_t(cap));
+  if (log) {
+    *log << str_of("memory: freed blocks kept for reuse capped at ", double(cap) / (1 << 20),
+                   " MiB (what the plan leaves)\n");
+  }
+}
+
+// Logs the plan and refuses a run it says cannot fit, before anything is
+// loaded; a run that fits gets the allocator's reuse capped to its room.
 MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunControl& control) {
   // What no plan could fit is refused first, naming the model and the flags.
   check_fits_host(config, ranks);
@@ -185,19 +202,7 @@ MemoryPlan check_memory_plan(const TrainConfig& config, int ranks, const RunCont
                    " tokens fit")
           : std::string("a shorter token file, or a host with more memory"));
   if (plan.total() <= limit) {
-    // Freed blocks the allocator keeps for reuse are not in the plan: keep
-    // them to what the plan and the data leave under the limit, less room
-    // for what no tag counts (the binary, stacks, the libraries' buffers).
-    constexpr uint64_t kUntracked = uint64_t(1) << 30;
-    HostAllocator& host = HostAllocator::process();
-    const uint64_t left = limit - std::min(limit, plan.total() + data + kUntracked);
-    if (left < host.cache_limit()) {
-      host.set_cache_limit(size_t(left));
-      if (control.log) {
-        *control.log << str_of("memory: freed blocks kept for reuse capped at ",
-                               double(left) / (1 << 20), " MiB (what the plan leaves)\n");
-      }
-    }
+    cap_reused_blocks(limit - std::min(limit, plan.total() + data), control.log);
     return plan;
   }
   std::string hint;

@@ -18,7 +18,25 @@
 namespace tiermoe {
 namespace {
 
-using CliSignals = Cli;
+class CliSignals : public Cli {
+ protected:
+  struct Stopped {
+    int status = 0;
+    std::string err;
+  };
+  // A long run writing checkpoints to `out`, sent `signals` back to back
+  // once its second step has begun; how it ended and its log.
+  Stopped stop_a_run(const fs::path& out, const fs::path& log, std::initializer_list<int> signals) {
+    const pid_t pid =
+        spawn(quick({"--steps", "1000000", "--progress-every", "1", "--out", out.string()}), log);
+    EXPECT_GT(pid, 0);
+    if (pid <= 0) return {};
+    EXPECT_TRUE(wait_for_text(log, "step 2/")) << slurp(log);
+    for (int sig : signals) ::kill(pid, sig);
+    const int status = wait_status(pid);
+    return {status, slurp(log)};
+  }
+};
 
 TEST_F(CliSignals, TheFirstSignalSavesACheckpointAndTheResumeEndsAsAnUnbrokenRun) {
   const fs::path out = path("o");
@@ -60,13 +78,7 @@ TEST_F(CliSignals, SigtermAndSighupFromOutsideSaveTheRun) {
     fs::path out = path("o"), log = path("log");
     out += std::to_string(sig);
     log += std::to_string(sig);
-    const pid_t pid =
-        spawn(quick({"--steps", "1000000", "--progress-every", "1", "--out", out.string()}), log);
-    ASSERT_GT(pid, 0);
-    ASSERT_TRUE(wait_for_text(log, "step 2/")) << slurp(log);
-    ::kill(pid, sig);
-    const int status = wait_status(pid);
-    const std::string err = slurp(log);
+    const auto [status, err] = stop_a_run(out, log, {sig});
     ASSERT_TRUE(WIFEXITED(status)) << "ended by a signal: " << err;
     EXPECT_EQ(WEXITSTATUS(status), 128 + sig) << err;
     EXPECT_TRUE(contains(err, "checkpoint saved to " + out.string() + "/checkpoint-")) << err;
@@ -79,14 +91,7 @@ TEST_F(CliSignals, SigtermAndSighupFromOutsideSaveTheRun) {
 // its group): one request, so the run still saves its checkpoint.
 TEST_F(CliSignals, TwoSignalsAtOnceAreOneRequest) {
   const fs::path out = path("o"), log = path("log");
-  const pid_t pid =
-      spawn(quick({"--steps", "1000000", "--progress-every", "1", "--out", out.string()}), log);
-  ASSERT_GT(pid, 0);
-  ASSERT_TRUE(wait_for_text(log, "step 2/")) << slurp(log);
-  ::kill(pid, SIGTERM);
-  ::kill(pid, SIGTERM);
-  const int status = wait_status(pid);
-  const std::string err = slurp(log);
+  const auto [status, err] = stop_a_run(out, log, {SIGTERM, SIGTERM});
   ASSERT_TRUE(WIFEXITED(status)) << "ended by the second signal: " << err;
   EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << err;
   EXPECT_TRUE(contains(err, "checkpoint saved to " + out.string() + "/checkpoint-")) << err;

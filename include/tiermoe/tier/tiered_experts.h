@@ -53,6 +53,9 @@ class TierWorkspace {
  private:
   Device* device_;
   int64_t max_rows_;
+  // Slot `name` of set `set`, whole.
+  DeviceTensor in_set(std::string_view name, int64_t set) const;
+
   WorkspaceLayout layout_;
   bool has_decode_slots_ = false;
   DeviceBuffer buffer_;
