@@ -195,13 +195,12 @@ void run_init(const InitOptions& o) {
     // gpt-oss ships MXFP4 (its fused experts); the per-expert families
     // compressed-tensors' int4/int8.
     const bool mxfp4 = experts.format == QuantFormat::mxfp4;
+    const bool fused = config.spec().expert_layout == ExpertLayout::fused_x_major;
     TIERMOE_CHECK(
-        config.gpt_oss()
-            ? mxfp4
-            : experts.format == QuantFormat::int4 || experts.format == QuantFormat::int8,
+        fused ? mxfp4 : experts.format == QuantFormat::int4 || experts.format == QuantFormat::int8,
         str_of("--experts ", o.experts, " is not written for ", config.model_type), "--experts",
-        config.gpt_oss() ? "gpt-oss's experts are written as its releases ship them: mxfp4"
-                         : "int4 or int8 (compressed-tensors' pack-quantized)");
+        fused ? "gpt-oss's experts are written as its releases ship them: mxfp4"
+              : "int4 or int8 (compressed-tensors' pack-quantized)");
     for (const HfTensor& t : tensors) {
       // The input width: dimension 1 of [out, in] and of gpt-oss's x-major [E, in, out].
       const int64_t in = t.shape[1], g = mxfp4 ? 32 : o.group;

@@ -58,8 +58,10 @@ void check_source(const QuantizeOptions& o, const ModelConfig& c, const Checkpoi
   TIERMOE_CHECK(c.quant_method.empty(),
                 str_of("the checkpoint already ships quantized weights (", c.quant_method, ")"),
                 o.model, "quantize a checkpoint in bf16 or f32");
-  TIERMOE_CHECK(!c.gpt_oss(), "gpt-oss's experts are fused x-major tensors, shipped in MXFP4",
-                o.model, "train gpt-oss from its MXFP4 release, which TierMoE reads at 4 bits");
+  TIERMOE_CHECK(c.spec().expert_layout != ExpertLayout::fused_x_major,
+                str_of(c.model_type, "'s experts are fused x-major tensors, shipped in ",
+                       c.spec().shipped_experts),
+                o.model, "train it from its release as shipped, which TierMoE reads at 4 bits");
   TIERMOE_CHECK(!experts.empty(), "the model has no routed experts", o.model,
                 "quantize writes a mixture-of-experts' routed experts at low width");
   const HfTensor& first = experts.front();

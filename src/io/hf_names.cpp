@@ -10,17 +10,6 @@ namespace tiermoe {
 
 namespace {
 
-// The per-family module names of the MoE block.
-struct MoeNames {
-  std::string_view block;                // "mlp" or "block_sparse_moe"
-  std::string_view gate, up, down;       // one expert's projections
-};
-
-MoeNames moe_names(ModelFamily family) {
-  if (family == ModelFamily::mixtral) return {"block_sparse_moe", "w1", "w3", "w2"};
-  return {"mlp", "gate_proj", "up_proj", "down_proj"};
-}
-
 // Grouped-query attention's tensors (model/attention_block.h).
 template <class Add>
 void add_gqa_attention(const Add& add, const ModelConfig& c) {
@@ -36,7 +25,7 @@ void add_gqa_attention(const Add& add, const ModelConfig& c) {
     add("self_attn.v_proj.bias", {Hkv * P}, HfRole::bias);
   }
   if (c.attention_bias) add("self_attn.o_proj.bias", {D}, HfRole::bias);
-  if (c.gpt_oss()) add("self_attn.sinks", {H}, HfRole::sink);
+  if (c.spec().attention_sinks) add("self_attn.sinks", {H}, HfRole::sink);
   switch (c.qk_norm()) {
     case QkNorm::none: break;
     case QkNorm::per_head:  // one [P] weight shared by every head
@@ -95,34 +84,35 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
     return;
   }
   const int64_t F = c.moe_intermediate_size;
-  if (c.gpt_oss()) {  // the router's bias is drawn like its weight (GptOssPreTrainedModel)
-    add("mlp.router.weight", {c.num_experts, D}, HfRole::router);
-    add("mlp.router.bias", {c.num_experts}, HfRole::router);
-    add("mlp.experts.gate_up_proj", {c.num_experts, D, 2 * F}, HfRole::expert);
-    add("mlp.experts.gate_up_proj_bias", {c.num_experts, 2 * F}, HfRole::bias);
-    add("mlp.experts.down_proj", {c.num_experts, F, D}, HfRole::expert);
-    add("mlp.experts.down_proj_bias", {c.num_experts, D}, HfRole::bias);
+  const FamilySpec& spec = c.spec();
+  const std::string block = std::string(spec.moe_block) + ".";
+  const std::string router = block + std::string(spec.router_name) + ".";
+  add(router + "weight", {c.num_experts, D}, HfRole::router);
+  if (spec.expert_layout == ExpertLayout::fused_x_major) {
+    // The router's bias is drawn like its weight (GptOssPreTrainedModel).
+    add(router + "bias", {c.num_experts}, HfRole::router);
+    add(block + "experts.gate_up_proj", {c.num_experts, D, 2 * F}, HfRole::expert);
+    add(block + "experts.gate_up_proj_bias", {c.num_experts, 2 * F}, HfRole::bias);
+    add(block + "experts.down_proj", {c.num_experts, F, D}, HfRole::expert);
+    add(block + "experts.down_proj_bias", {c.num_experts, D}, HfRole::bias);
     return;
   }
-  const MoeNames m = moe_names(c.family);
-  const std::string block(m.block);
-  add(block + ".gate.weight", {c.num_experts, D}, HfRole::router);
   // Selects experts only: never trained, initialised to zero like a bias.
-  if (c.sigmoid_router())
-    add(block + ".gate.e_score_correction_bias", {c.num_experts}, HfRole::bias);
+  if (spec.sigmoid_router()) add(router + "e_score_correction_bias", {c.num_experts}, HfRole::bias);
   for (int64_t e = 0; e < c.num_experts; ++e) {
-    const std::string ep = block + ".experts." + std::to_string(e) + ".";
-    add(ep + std::string(m.gate) + ".weight", {F, D}, HfRole::expert, e);
-    add(ep + std::string(m.up) + ".weight", {F, D}, HfRole::expert, e);
-    add(ep + std::string(m.down) + ".weight", {D, F}, HfRole::expert, e);
+    const std::string ep = block + "experts." + std::to_string(e) + ".";
+    const auto& [gate, up, down] = spec.expert_projections;
+    add(ep + std::string(gate) + ".weight", {F, D}, HfRole::expert, e);
+    add(ep + std::string(up) + ".weight", {F, D}, HfRole::expert, e);
+    add(ep + std::string(down) + ".weight", {D, F}, HfRole::expert, e);
   }
   if (c.has_shared_expert()) {  // Qwen2-MoE's with its sigmoid gate, GLM-4.5's without
     const int64_t S = c.shared_expert_intermediate_size;
-    const std::string se = block + "." + std::string(shared_expert_module(c.family)) + ".";
+    const std::string se = block + std::string(spec.shared_expert) + ".";
     add(se + "gate_proj.weight", {S, D}, HfRole::dense_mlp);
     add(se + "up_proj.weight", {S, D}, HfRole::dense_mlp);
     add(se + "down_proj.weight", {D, S}, HfRole::dense_mlp);
-    if (c.shared_expert_gated()) add(block + ".shared_expert_gate.weight", {1, D}, HfRole::router);
+    if (spec.shared_expert_gated) add(block + "shared_expert_gate.weight", {1, D}, HfRole::router);
   }
 }
 
@@ -134,8 +124,13 @@ uint64_t fnv1a64(const std::string& s) {
 
 }  // namespace
 
-std::string_view shared_expert_module(ModelFamily family) {
-  return family == ModelFamily::qwen2_moe ? "shared_expert" : "shared_experts";
+std::string moe_block_prefix(const ModelConfig& c, int64_t layer) {
+  return "model.layers." + std::to_string(layer) + "." + std::string(c.spec().moe_block) + ".";
+}
+
+std::string expert_weight_name(const ModelConfig& c, int64_t layer, int64_t e, int proj) {
+  return moe_block_prefix(c, layer) + "experts." + std::to_string(e) + "." +
+         std::string(c.spec().expert_projections.at(size_t(proj))) + ".weight";
 }
 
 std::string hf_module_of(const std::string& weight) {
@@ -172,7 +167,8 @@ std::vector<HfTensor> hf_checkpoint_tensors(
   for (HfTensor& t : hf_tensors(c)) {
     const std::string p = "model.layers." + std::to_string(t.layer) + ".";
     const std::string fused = p + "mlp.experts.";
-    if (t.role == HfRole::expert && !c.gpt_oss() &&
+    const bool x_major = c.spec().expert_layout == ExpertLayout::fused_x_major;
+    if (t.role == HfRole::expert && !x_major &&
         (stored(fused + "gate_up_proj") || stored(fused + "down_proj"))) {
       if (fused_layer != t.layer) {
         out.push_back({fused + "gate_up_proj", {E, 2 * F, D}, HfRole::expert, t.layer});
@@ -181,14 +177,14 @@ std::vector<HfTensor> hf_checkpoint_tensors(
       }
       continue;
     }
-    if (t.role == HfRole::expert && c.gpt_oss() && stored(t.name + "_blocks")) {
+    if (t.role == HfRole::expert && x_major && stored(t.name + "_blocks")) {
       // MXFP4 (io/mxfp4.h): [E, out, in] in blocks of 32 along in; t.shape is x-major [E, in, out].
       const int64_t in = t.shape[1], out_dim = t.shape[2];
       out.push_back({t.name + "_blocks", {E, out_dim, in / 32, 16}, HfRole::expert, t.layer});
       out.push_back({t.name + "_scales", {E, out_dim, in / 32}, HfRole::expert, t.layer});
       continue;
     }
-    if (t.role == HfRole::router && c.family == ModelFamily::mixtral && !stored(t.name) &&
+    if (t.role == HfRole::router && c.spec().router_renamed_in_v5 && !stored(t.name) &&
         stored(p + "mlp.gate.weight")) {
       t.name = p + "mlp.gate.weight";
     }

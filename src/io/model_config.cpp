@@ -4,43 +4,21 @@
 #include "tiermoe/io/model_config.h"
 
 #include <algorithm>
-#include <nlohmann/json.hpp>
 
+#include "families/config_io.h"
 #include "tiermoe/core/bounds.h"
 #include "tiermoe/core/error.h"
 #include "tiermoe/core/files.h"
 
 namespace tiermoe {
 
-namespace {
-
-using Json = nlohmann::json;
 using detail::str_of;
-
-// The release that introduced Qwen3-MoE; every field written here exists there.
-constexpr const char* kTransformersVersion = "4.51.0";
-constexpr const char* kGptOssTransformersVersion = "4.55.0";  // gpt-oss's first release
-
-}  // namespace
 
 std::string_view torch_dtype_name(DType dtype) {
   switch (dtype) {
     case DType::f64: return "float64";
     case DType::f32: return "float32";
     case DType::bf16: return "bfloat16";
-  }
-  __builtin_unreachable();
-}
-
-std::string_view family_name(ModelFamily family) {
-  switch (family) {
-    case ModelFamily::qwen3_moe: return "qwen3_moe";
-    case ModelFamily::mixtral: return "mixtral";
-    case ModelFamily::olmoe: return "olmoe";
-    case ModelFamily::qwen2_moe: return "qwen2_moe";
-    case ModelFamily::glm4_moe: return "glm4_moe";
-    case ModelFamily::gpt_oss: return "gpt_oss";
-    case ModelFamily::deepseek_v3: return "deepseek_v3";
   }
   __builtin_unreachable();
 }
@@ -77,19 +55,6 @@ int64_t ModelConfig::num_moe_layers() const {
   return moe_below(num_hidden_layers) - moe_below(first);
 }
 
-QkNorm ModelConfig::qk_norm() const {
-  switch (family) {
-    case ModelFamily::qwen3_moe: return QkNorm::per_head;
-    case ModelFamily::mixtral: return QkNorm::none;
-    case ModelFamily::olmoe: return QkNorm::whole;
-    case ModelFamily::qwen2_moe: return QkNorm::none;
-    case ModelFamily::glm4_moe: return use_qk_norm ? QkNorm::per_head : QkNorm::none;
-    case ModelFamily::gpt_oss: return QkNorm::none;
-    case ModelFamily::deepseek_v3: return QkNorm::none;  // MLA norms its latents instead
-  }
-  __builtin_unreachable();
-}
-
 std::vector<std::string> ModelConfig::set_vocab_size(int64_t V) {
   vocab_size = V;
   std::vector<std::string> dropped;
@@ -114,21 +79,14 @@ void ModelConfig::validate(const std::string& where) const {
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);
   positive("intermediate_size", intermediate_size);
-  const bool moe_width_field =
-      family == ModelFamily::qwen3_moe || family == ModelFamily::qwen2_moe || sigmoid_router();
-  positive(moe_width_field ? "moe_intermediate_size" : "intermediate_size", moe_intermediate_size);
-  TIERMOE_CHECK(family != ModelFamily::qwen2_moe || shared_expert_intermediate_size > 0,
-                str_of("config field 'shared_expert_intermediate_size' must be positive, got ",
-                       shared_expert_intermediate_size),
-                where, "Qwen2-MoE runs a shared expert of that width in every MoE layer");
+  const families::FamilyDef& def = families::family_def(family);
+  const std::string experts_key(def.spec.experts_key), width_key(def.spec.expert_width_key);
+  positive(width_key.c_str(), moe_intermediate_size);
   positive("num_hidden_layers", num_hidden_layers);
   positive("num_attention_heads", num_attention_heads);
   positive("num_key_value_heads", num_key_value_heads);
   positive("head_dim", head_dim);
-  const char* experts_field = family == ModelFamily::mixtral || gpt_oss() ? "num_local_experts"
-                              : sigmoid_router()                          ? "n_routed_experts"
-                                                                          : "num_experts";
-  positive(experts_field, num_experts);
+  positive(experts_key.c_str(), num_experts);
   positive("num_experts_per_tok", num_experts_per_tok);
   positive("decoder_sparse_step", decoder_sparse_step);
   positive("max_position_embeddings", max_position_embeddings);
@@ -142,7 +100,7 @@ void ModelConfig::validate(const std::string& where) const {
                        ", more than the ", kMaxLayers, " layers TierMoE accepts"),
                 where, "published models have at most a few hundred layers; fix the value");
   TIERMOE_CHECK(num_experts <= kMaxExperts,
-                str_of("config field '", experts_field, "' is ", num_experts, ", more than the ",
+                str_of("config field '", experts_key, "' is ", num_experts, ", more than the ",
                        kMaxExperts, " experts per layer TierMoE accepts"),
                 where, "published MoE models have at most a few hundred experts; fix the value");
   TIERMOE_CHECK(num_moe_layers() * num_experts <= kMaxExpertTensors,
@@ -206,14 +164,9 @@ void ModelConfig::validate(const std::string& where) const {
                 "set clip_qkv to null to disable clipping");
   TIERMOE_CHECK(!use_sliding_window, "use_sliding_window is true", where,
                 "TierMoE implements full causal attention only; set use_sliding_window to false");
-  TIERMOE_CHECK(family != ModelFamily::mixtral || !sliding_window,
-                str_of("Mixtral sliding_window is ", sliding_window.value_or(0)), where,
-                "TierMoE implements full causal attention only; set sliding_window to null");
-  TIERMOE_CHECK(family != ModelFamily::olmoe || head_dim * num_attention_heads == hidden_size,
-                str_of("OLMoE head_dim ", head_dim, " times ", num_attention_heads,
-                       " heads is not hidden_size ", hidden_size),
-                where, "OLMoE splits hidden_size evenly among the heads");
-  TIERMOE_CHECK(!moe_width_field || intermediate_size > 0 || num_moe_layers() == num_hidden_layers,
+  // Where intermediate_size is its own field (not the expert width), dense layers use it.
+  TIERMOE_CHECK(width_key == "intermediate_size" || intermediate_size > 0 ||
+                    num_moe_layers() == num_hidden_layers,
                 "intermediate_size must be positive when some layers are dense", where, "");
   const int64_t rotary = rotary_dim();
   TIERMOE_CHECK(
@@ -236,184 +189,12 @@ void ModelConfig::validate(const std::string& where) const {
         "n_group must divide n_routed_experts into groups of 2 or more, topk_group "
         "<= n_group, and num_experts_per_tok fit in topk_group groups");
   }
-  if (mla()) {
-    positive("kv_lora_rank", kv_lora_rank);
-    positive("qk_nope_head_dim", qk_nope_head_dim);
-    positive("qk_rope_head_dim", qk_rope_head_dim);
-    positive("v_head_dim", v_head_dim);
-    TIERMOE_CHECK(q_lora_rank >= 0, str_of("config field 'q_lora_rank' is ", q_lora_rank), where,
-                  "a positive rank, or null for q_proj straight from the hidden state");
-    TIERMOE_CHECK(head_dim == qk_rope_head_dim,
-                  str_of("head_dim ", head_dim, " is not qk_rope_head_dim ", qk_rope_head_dim),
-                  where, "under MLA head_dim is the rope width (transformers sets it so)");
-    TIERMOE_CHECK(num_key_value_heads == num_attention_heads,
-                  str_of("num_key_value_heads ", num_key_value_heads, " with ", num_attention_heads,
-                         " heads"),
-                  where,
-                  "multi-head latent attention expands k and v for every head: set "
-                  "num_key_value_heads to num_attention_heads (or null)");
-  }
-  if (gpt_oss()) {
-    TIERMOE_CHECK(int64_t(layer_types.size()) == num_hidden_layers,
-                  str_of("config field 'layer_types' lists ", layer_types.size(), " layers of ",
-                         num_hidden_layers),
-                  where, "one entry per decoder layer, or none for gpt-oss's alternation");
-    for (const std::string& kind : layer_types) {
-      TIERMOE_CHECK(kind == "sliding_attention" || kind == "full_attention",
-                    str_of("config field 'layer_types' holds '", kind, "'"), where,
-                    "gpt-oss layers are \"sliding_attention\" or \"full_attention\"");
-      TIERMOE_CHECK(kind == "full_attention" || sliding_window.value_or(0) > 0,
-                    str_of("sliding_attention layers with sliding_window ",
-                           sliding_window ? std::to_string(*sliding_window) : "null"),
-                    where, "set sliding_window to the window's length in tokens (gpt-oss: 128)");
-    }
-    TIERMOE_CHECK(swiglu_limit > 0 && swiglu_alpha > 0,
-                  str_of("swiglu_alpha ", swiglu_alpha, ", swiglu_limit ", swiglu_limit), where,
-                  "gpt-oss uses swiglu_alpha 1.702 and swiglu_limit 7.0 (both positive)");
-  }
+  if (def.validate) def.validate(*this, where);
   param_counts(*this, where);  // throws when a count overflows 64 bits
 }
 
 std::string ModelConfig::to_json() const {
-  Json j;
-  auto opt = [](const auto& v) -> Json { return v ? Json(*v) : Json(nullptr); };
-  j["model_type"] = std::string(family_name(family));
-  j["vocab_size"] = vocab_size;
-  j["hidden_size"] = hidden_size;
-  j["num_hidden_layers"] = num_hidden_layers;
-  j["num_attention_heads"] = num_attention_heads;
-  j["num_key_value_heads"] = num_key_value_heads;
-  j["num_experts_per_tok"] = num_experts_per_tok;
-  j["rope_theta"] = rope_theta;
-  j["rope_scaling"] = nullptr;
-  if (rope_scaling.kind == RopeScaling::Kind::yarn) {
-    const RopeScaling& s = rope_scaling;
-    Json y = {{"rope_type", "yarn"},
-              {"factor", s.factor},
-              {"original_max_position_embeddings", s.original_max_position_embeddings},
-              {"beta_fast", s.beta_fast},
-              {"beta_slow", s.beta_slow},
-              {"truncate", s.truncate}};
-    if (s.attention_factor) y["attention_factor"] = *s.attention_factor;
-    if (s.mscale) y["mscale"] = *s.mscale;
-    if (s.mscale_all_dim) y["mscale_all_dim"] = *s.mscale_all_dim;
-    j["rope_scaling"] = y;
-  }
-  j["rms_norm_eps"] = rms_norm_eps;
-  j["router_aux_loss_coef"] = router_aux_loss_coef;
-  j["output_router_logits"] = output_router_logits;
-  j["tie_word_embeddings"] = tie_word_embeddings;
-  j["max_position_embeddings"] = max_position_embeddings;
-  j["hidden_act"] = hidden_act;
-  j["initializer_range"] = initializer_range;
-  j["attention_dropout"] = attention_dropout;
-  j["torch_dtype"] = torch_dtype;
-  j["transformers_version"] = gpt_oss() ? kGptOssTransformersVersion : kTransformersVersion;
-  j["use_cache"] = true;
-  j["bos_token_id"] = opt(bos_token_id);
-  if (eos_token_id.size() == 1) j["eos_token_id"] = eos_token_id[0];
-  else if (eos_token_id.empty()) j["eos_token_id"] = nullptr;
-  else j["eos_token_id"] = eos_token_id;
-  j["pad_token_id"] = opt(pad_token_id);
-  switch (family) {
-    case ModelFamily::qwen3_moe:
-      j["architectures"] = {"Qwen3MoeForCausalLM"};
-      j["intermediate_size"] = intermediate_size;
-      j["moe_intermediate_size"] = moe_intermediate_size;
-      j["head_dim"] = head_dim;
-      j["num_experts"] = num_experts;
-      j["norm_topk_prob"] = norm_topk_prob;
-      j["decoder_sparse_step"] = decoder_sparse_step;
-      j["mlp_only_layers"] = mlp_only_layers;
-      j["attention_bias"] = attention_bias;
-      j["use_sliding_window"] = use_sliding_window;
-      j["sliding_window"] = opt(sliding_window);
-      j["max_window_layers"] = max_window_layers.value_or(num_hidden_layers);
-      break;
-    case ModelFamily::mixtral:
-      j["architectures"] = {"MixtralForCausalLM"};
-      j["intermediate_size"] = moe_intermediate_size;
-      j["head_dim"] = head_dim;
-      j["num_local_experts"] = num_experts;
-      j["sliding_window"] = nullptr;
-      j["router_jitter_noise"] = 0.0;
-      break;
-    case ModelFamily::olmoe:
-      j["architectures"] = {"OlmoeForCausalLM"};
-      j["intermediate_size"] = moe_intermediate_size;
-      j["num_experts"] = num_experts;
-      j["norm_topk_prob"] = norm_topk_prob;
-      j["attention_bias"] = attention_bias;
-      j["clip_qkv"] = opt(clip_qkv);
-      break;
-    case ModelFamily::qwen2_moe:
-      j["architectures"] = {"Qwen2MoeForCausalLM"};
-      j["intermediate_size"] = intermediate_size;
-      j["moe_intermediate_size"] = moe_intermediate_size;
-      j["shared_expert_intermediate_size"] = shared_expert_intermediate_size;
-      j["num_experts"] = num_experts;
-      j["norm_topk_prob"] = norm_topk_prob;
-      j["decoder_sparse_step"] = decoder_sparse_step;
-      j["mlp_only_layers"] = mlp_only_layers;
-      j["qkv_bias"] = qkv_bias;
-      j["use_sliding_window"] = false;
-      j["sliding_window"] = opt(sliding_window);
-      j["max_window_layers"] = max_window_layers.value_or(num_hidden_layers);
-      // head_dim only when it is not D / H (Qwen2MoeConfig has no such field).
-      if (head_dim * num_attention_heads != hidden_size) j["head_dim"] = head_dim;
-      break;
-    case ModelFamily::glm4_moe:
-      j["architectures"] = {"Glm4MoeForCausalLM"};
-      j["intermediate_size"] = intermediate_size;
-      j["moe_intermediate_size"] = moe_intermediate_size;
-      j["head_dim"] = head_dim;
-      j["n_routed_experts"] = num_experts;
-      j["n_shared_experts"] = shared_expert_intermediate_size / moe_intermediate_size;
-      j["routed_scaling_factor"] = routed_scaling_factor;
-      j["n_group"] = n_group;
-      j["topk_group"] = topk_group;
-      j["first_k_dense_replace"] = first_k_dense_replace;
-      j["norm_topk_prob"] = norm_topk_prob;
-      j["use_qk_norm"] = use_qk_norm;
-      j["attention_bias"] = qkv_bias;
-      j["partial_rotary_factor"] = partial_rotary_factor;
-      j["num_nextn_predict_layers"] = num_nextn_predict_layers;
-      break;
-    case ModelFamily::gpt_oss:
-      j["architectures"] = {"GptOssForCausalLM"};
-      j["intermediate_size"] = moe_intermediate_size;
-      j["head_dim"] = head_dim;
-      j["num_local_experts"] = num_experts;
-      j["sliding_window"] = opt(sliding_window);
-      j["layer_types"] = layer_types;
-      j["attention_bias"] = attention_bias;
-      j["swiglu_alpha"] = swiglu_alpha;
-      j["swiglu_limit"] = swiglu_limit;
-      break;
-    case ModelFamily::deepseek_v3:
-      j["architectures"] = {"DeepseekV3ForCausalLM"};
-      j["intermediate_size"] = intermediate_size;
-      j["moe_intermediate_size"] = moe_intermediate_size;
-      j["n_routed_experts"] = num_experts;
-      j["n_shared_experts"] = shared_expert_intermediate_size / moe_intermediate_size;
-      j["routed_scaling_factor"] = routed_scaling_factor;
-      j["n_group"] = n_group;
-      j["topk_group"] = topk_group;
-      j["first_k_dense_replace"] = first_k_dense_replace;
-      j["norm_topk_prob"] = norm_topk_prob;
-      j["attention_bias"] = attention_bias;
-      j["num_nextn_predict_layers"] = num_nextn_predict_layers;
-      j["q_lora_rank"] = q_lora_rank > 0 ? Json(q_lora_rank) : Json(nullptr);
-      j["kv_lora_rank"] = kv_lora_rank;
-      j["qk_nope_head_dim"] = qk_nope_head_dim;
-      j["qk_rope_head_dim"] = qk_rope_head_dim;
-      j["v_head_dim"] = v_head_dim;
-      j["rope_interleave"] = rope_interleave;
-      j["topk_method"] = "noaux_tc";
-      j["scoring_func"] = "sigmoid";
-      break;
-  }
-  return j.dump(2) + "\n";
+  return families::write_config(families::family_def(family), *this).dump(2) + "\n";
 }
 
 void save_model_config(const ModelConfig& config, const std::string& path) {
@@ -436,7 +217,8 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
   n.embedding = mul({c.vocab_size, D});
   n.per_expert = mul({3, D, c.moe_intermediate_size});
   // gpt-oss's experts carry a bias on each projection: 2F + D.
-  if (c.gpt_oss()) n.per_expert = add({n.per_expert, mul({2, c.moe_intermediate_size}), D});
+  if (c.spec().clamped_experts)
+    n.per_expert = add({n.per_expert, mul({2, c.moe_intermediate_size}), D});
 
   int64_t attention = add({mul({D, H, P}), mul({2, D, Hkv, P}), mul({H, P, D})});  // q, k, v, o
   if (c.q_k_v_bias()) attention = add({attention, mul({H, P}), mul({2, Hkv, P})});
@@ -452,7 +234,7 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
       attention = add({attention, Rq, add({Rkv, c.qk_rope_head_dim}), D});
     }
   }
-  if (c.gpt_oss()) attention = add({attention, H});  // a sink logit per head
+  if (c.spec().attention_sinks) attention = add({attention, H});  // a sink logit per head
   switch (c.qk_norm()) {
     case QkNorm::none: break;
     case QkNorm::per_head: attention = add({attention, mul({2, P})}); break;
@@ -469,7 +251,7 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
           ? add({mul({3, D, c.shared_expert_intermediate_size}), c.shared_expert_gated() ? D : 0})
           : 0;
   // The sigmoid router's e_score_correction_bias or gpt-oss's router bias, [E] per MoE layer.
-  const int64_t router_bias = c.sigmoid_router() || c.gpt_oss() ? E : 0;
+  const int64_t router_bias = c.spec().router != RouterRule::softmax_topk ? E : 0;
   n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
                  mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
                  n.experts, mul({moe_layers, shared}), mul({moe_layers, router_bias}),

@@ -264,7 +264,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.num_hidden_layers = *layers;
   }
   c.max_window_layers = c.num_hidden_layers;
-  if (c.gpt_oss()) {  // transformers' alternation: sliding on even layers
+  if (c.family == ModelFamily::gpt_oss) {  // transformers' alternation: sliding on even layers
     c.layer_types.clear();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");

@@ -72,9 +72,10 @@ uint64_t pack_quantized_bytes(QuantFormat format, int64_t rows, int64_t cols, in
 }
 
 nlohmann::json pack_quantized_config(const ModelConfig& config, QuantFormat format, int64_t group) {
-  const bool mixtral = config.family == ModelFamily::mixtral;
-  const std::string experts = mixtral ? R"(re:.*block_sparse_moe\.experts\.\d+\.(w1|w2|w3)$)"
-                                      : R"(re:.*mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)$)";
+  const FamilySpec& spec = config.spec();
+  const auto& [gate, up, down] = spec.expert_projections;
+  const std::string experts = detail::str_of("re:.*", spec.moe_block, R"(\.experts\.\d+\.()", gate,
+                                             "|", up, "|", down, ")$");
   const nlohmann::json weights = {{"num_bits", quant_code_bits(format)},
                                   {"type", "int"},
                                   {"symmetric", true},

@@ -91,7 +91,8 @@ void parse_compressed_tensors(const Json& q, const std::string& path, ModelConfi
 void parse_quantization_config(const Json& q, const std::string& path, ModelConfig& c) {
   c.quant_method = string_at(q, "quant_method");
   if (c.quant_method == "mxfp4") {
-    TIERMOE_CHECK(c.gpt_oss(), str_of("quantization_config asks for mxfp4 on ", c.model_type), path,
+    TIERMOE_CHECK(c.spec().shipped_experts == "mxfp4",
+                  str_of("quantization_config asks for mxfp4 on ", c.model_type), path,
                   "MXFP4 checkpoints are gpt-oss's (its experts' _blocks and _scales)");
     return;
   }

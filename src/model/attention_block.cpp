@@ -29,7 +29,7 @@ AttentionBlock::AttentionBlock(const ModelConfig& c, int64_t layer, DType comput
     q_norm_ = Weight::zeros({H_ * P_}, compute);
     k_norm_ = Weight::zeros({Hkv_ * P_}, compute);
   }
-  if (c.gpt_oss()) sinks_ = Weight::zeros({H_}, compute);
+  if (c.spec().attention_sinks) sinks_ = Weight::zeros({H_}, compute);
 }
 
 std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {

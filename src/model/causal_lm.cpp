@@ -33,7 +33,8 @@ namespace {
 
 std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
   if (!comm || comm->size() == 1) return std::make_unique<LocalDispatcher>();
-  TIERMOE_CHECK(!c.gpt_oss(), "expert parallelism for gpt-oss is not implemented", "--ep",
+  TIERMOE_CHECK(c.spec().expert_layout != ExpertLayout::fused_x_major,
+                str_of("expert parallelism for ", c.model_type, " is not implemented"), "--ep",
                 "its experts are fused tensors that every rank would load whole; run gpt-oss on "
                 "one rank");
   TIERMOE_CHECK(c.num_experts > 0 && c.num_experts % comm->size() == 0,
@@ -111,19 +112,19 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
       continue;
     }
     MoeBlock& moe = *layer->moe();
-    if (config_.gpt_oss()) {
-      gpt_oss_moe_slots(out, p + "mlp.", moe, with_grads);
+    const std::string block = moe_block_prefix(config_, layer->index());
+    if (config_.spec().expert_layout == ExpertLayout::fused_x_major) {
+      fused_moe_slots(out, block, moe, with_grads);
       continue;
     }
-    const bool mixtral = config_.family == ModelFamily::mixtral;
-    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.");
     const bool router_on = moe.router_requires_grad();
-    out.push_back({{block + "gate.weight", HfRole::router, moe.router().param("weight"),
+    const std::string router = block + std::string(config_.spec().router_name) + ".";
+    out.push_back({{router + "weight", HfRole::router, moe.router().param("weight"),
                     with_grads && router_on ? moe.router().grad("weight") : Tensor(), router_on},
                    [&moe](bool on) { moe.set_router_requires_grad(on); }});
     if (config_.sigmoid_router()) {
       // Selection only, as in transformers (a buffer): never trained.
-      out.push_back({{block + "gate.e_score_correction_bias", HfRole::bias,
+      out.push_back({{router + "e_score_correction_bias", HfRole::bias,
                       moe.router().param("e_score_correction_bias"), Tensor(), false},
                      [](bool) {}});
     }
@@ -135,13 +136,13 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
       g2 = ex.grad("w2");
     }
     const int64_t F = config_.moe_intermediate_size;
-    const char* names[3] = {mixtral ? "w1" : "gate_proj", mixtral ? "w3" : "up_proj",
-                            mixtral ? "w2" : "down_proj"};
     auto set_experts = [&moe](bool on) { moe.set_experts_requires_grad(on); };
     // This rank's experts (all of them without expert parallelism).
     for (int64_t e = 0; e < local_experts(); ++e) {
       const int64_t global = first_expert() + e;
-      const std::string ep = block + "experts." + std::to_string(global) + ".";
+      auto name = [&](int proj) {
+        return expert_weight_name(config_, layer->index(), global, proj);
+      };
       // Quantized experts list placeholders: they are frozen, and widening
       // every expert for a listing would cost what the codes save.
       Tensor w13_e, w2_e;
@@ -154,14 +155,13 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
       }
       Tensor g13_e = g13.defined() ? g13.select(e) : Tensor();
       Tensor g2_e = g2.defined() ? g2.select(e) : Tensor();
-      out.push_back({{ep + names[0] + ".weight", HfRole::expert, slice(w13_e, 0, F),
-                      slice(g13_e, 0, F), experts_on, global},
+      out.push_back(
+          {{name(0), HfRole::expert, slice(w13_e, 0, F), slice(g13_e, 0, F), experts_on, global},
+           set_experts});
+      out.push_back({{name(1), HfRole::expert, slice(w13_e, F, 2 * F), slice(g13_e, F, 2 * F),
+                      experts_on, global},
                      set_experts});
-      out.push_back({{ep + names[1] + ".weight", HfRole::expert, slice(w13_e, F, 2 * F),
-                      slice(g13_e, F, 2 * F), experts_on, global},
-                     set_experts});
-      out.push_back({{ep + names[2] + ".weight", HfRole::expert, w2_e, g2_e, experts_on, global},
-                     set_experts});
+      out.push_back({{name(2), HfRole::expert, w2_e, g2_e, experts_on, global}, set_experts});
     }
     if (SharedExpert* shared = layer->shared_expert()) {
       dense(layer->shared_expert_name() + ".", shared->mlp());
@@ -178,15 +178,17 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
   return out;
 }
 
-// gpt-oss's MoE block under `block` ("model.layers.0.mlp."): the biased
-// router, and the experts as their four fused tensors (no per-expert names
-// exist; expert parallelism is refused for the family, so all are local).
-void CausalLM::gpt_oss_moe_slots(std::vector<Slot>& out, const std::string& block, MoeBlock& moe,
-                                 bool with_grads) {
+// A fused x-major MoE block (gpt-oss's) under `block` ("model.layers.0.mlp."):
+// the biased router, and the experts as their four fused tensors (no
+// per-expert names exist; expert parallelism is refused for the layout, so
+// all are local).
+void CausalLM::fused_moe_slots(std::vector<Slot>& out, const std::string& block, MoeBlock& moe,
+                               bool with_grads) {
   const bool router_on = moe.router_requires_grad();
   auto set_router = [&moe](bool on) { moe.set_router_requires_grad(on); };
   for (const char* name : {"weight", "bias"}) {
-    out.push_back({{block + "router." + name, HfRole::router, moe.router().param(name),
+    out.push_back({{block + std::string(config_.spec().router_name) + "." + name, HfRole::router,
+                    moe.router().param(name),
                     with_grads && router_on ? moe.router().grad(name) : Tensor(), router_on},
                    set_router});
   }

@@ -56,9 +56,12 @@ void CausalLM::enable_lora(const LoraConfig& cfg, uint64_t seed) {
   cfg.validate(where);
   const bool expert_targets = cfg.targets.contains("gate_proj") ||
                               cfg.targets.contains("up_proj") || cfg.targets.contains("down_proj");
-  TIERMOE_CHECK(!(expert_targets && config_.family == ModelFamily::mixtral),
-                "Mixtral's experts (w1, w2, w3) cannot be LoRA targets", where,
-                "target the attention projections (q_proj, k_proj, v_proj, o_proj)");
+  TIERMOE_CHECK(
+      !expert_targets || config_.spec().expert_lora,
+      str_of(config_.spec().architecture, "'s experts (", config_.spec().expert_projections[0],
+             ", ", config_.spec().expert_projections[1], ", ", config_.spec().expert_projections[2],
+             ") cannot be LoRA targets"),
+      where, "target the attention projections (q_proj, k_proj, v_proj, o_proj)");
   set_requires_grad_all(false);
   Rng rng(seed);
   for (auto& layer : layers_) layer->enable_lora(cfg, rng);

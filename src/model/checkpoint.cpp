@@ -272,13 +272,8 @@ std::vector<Tensor> views_of(const CheckpointTensors& ck, const std::vector<std:
 std::vector<std::string> dense_w13_names(const std::string& module) {
   return {module + "gate_proj.weight", module + "up_proj.weight"};
 }
-std::vector<std::string> expert_w13_names(const ModelConfig& c, const std::string& layer_prefix,
-                                          int64_t e) {
-  const bool mixtral = c.family == ModelFamily::mixtral;
-  const std::string ep = layer_prefix + (mixtral ? "block_sparse_moe." : "mlp.") + "experts." +
-                         std::to_string(e) + ".";
-  return {ep + (mixtral ? "w1" : "gate_proj") + ".weight",
-          ep + (mixtral ? "w3" : "up_proj") + ".weight"};
+std::vector<std::string> expert_w13_names(const ModelConfig& c, int64_t layer, int64_t e) {
+  return {expert_weight_name(c, layer, e, 0), expert_weight_name(c, layer, e, 1)};
 }
 
 Tensor bound_matrix(const CheckpointTensors& ck, const std::vector<std::string>& names,
@@ -389,9 +384,9 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
     }
     GroupedExperts& ex = layer->moe()->experts();
     const int64_t El = local_experts(), F = config_.moe_intermediate_size;
-    const bool mixtral = config_.family == ModelFamily::mixtral;
-    const std::string fused = p + "mlp.experts.";
-    if (config_.gpt_oss()) {
+    const int64_t l = layer->index();
+    const std::string fused = fused_experts_prefix(l);
+    if (config_.spec().expert_layout == ExpertLayout::fused_x_major) {
       // MXFP4 experts stay as stored, read in place by the f32 and bf16
       // kernels ([E, out, in] rows already); f64 runs decode them.
       if (stores_mxfp4(ck, fused + "gate_up_proj") && c != DType::f64) {
@@ -410,23 +405,19 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
                       bound_matrix(ck, {fused + "down_proj"}, {El, D, F}, c, first_expert()));
       continue;
     }
-    const std::string block = p + (mixtral ? "block_sparse_moe." : "mlp.") + "experts.";
-    auto w2_name = [&](int64_t e) {
-      return block + std::to_string(first_expert() + e) + "." + (mixtral ? "w2" : "down_proj") +
-             ".weight";
-    };
+    auto w2_name = [&](int64_t e) { return expert_weight_name(config_, l, first_expert() + e, 2); };
     if (c != DType::f64 && find_stored_quant(ck, config_, w2_name(0))) {
       // Kept at their stored width for the f32 and bf16 kernels (gate over
       // up stacked into one matrix); f64 runs dequantize them.
       std::vector<QuantMatrix> w13, w2;
       for (int64_t e = 0; e < El; ++e) {
         const auto gate_up =
-            find_stored_parts(ck, config_, expert_w13_names(config_, p, first_expert() + e));
+            find_stored_parts(ck, config_, expert_w13_names(config_, l, first_expert() + e));
         const auto down = find_stored_parts(ck, config_, {w2_name(e)});
-        TIERMOE_CHECK(
-            !gate_up.empty() && !down.empty(),
-            str_of("expert ", first_expert() + e, " of ", block, " is stored at low width in part"),
-            ck.dir(), "a checkpoint quantizes all of an expert's projections or none");
+        TIERMOE_CHECK(!gate_up.empty() && !down.empty(),
+                      str_of("expert ", first_expert() + e, " of ", moe_block_prefix(config_, l),
+                             " is stored at low width in part"),
+                      ck.dir(), "a checkpoint quantizes all of an expert's projections or none");
         w13.push_back(read_stored_parts(ck, gate_up));
         w2.push_back(read_stored_parts(ck, down));
       }
@@ -437,7 +428,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
     }
     for (int64_t e = 0; e < El; ++e) {
       ex.bind_expert_weights(e,
-                             matrix(expert_w13_names(config_, p, first_expert() + e), {2 * F, D}),
+                             matrix(expert_w13_names(config_, l, first_expert() + e), {2 * F, D}),
                              matrix({w2_name(e)}, {D, F}));
     }
   }
@@ -463,9 +454,9 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
       continue;
     }
     if (c.has_shared_expert()) {
-      count(dense_w13_names(p + "mlp." + std::string(shared_expert_module(c.family)) + "."));
+      count(dense_w13_names(moe_block_prefix(c, l) + std::string(c.spec().shared_expert) + "."));
     }
-    if (c.gpt_oss()) {
+    if (c.spec().expert_layout == ExpertLayout::fused_x_major) {
       // Both matrices are transposed copies at the stored width, unless they
       // ship as MXFP4 (then kept at it, or decoded in f64 runs: no copy).
       for (const char* m : {"gate_up_proj", "down_proj"}) {
@@ -476,7 +467,7 @@ int64_t copied_w13_elements(const CheckpointTensors& ck, const ModelConfig& c, D
     }
     if (ck.contains(fused_experts_prefix(l) + "gate_up_proj")) continue;  // one tensor: in place
     for (int64_t e = first_expert; e < first_expert + experts; ++e) {
-      count(expert_w13_names(c, p, e));
+      count(expert_w13_names(c, l, e));
     }
   }
   return n;
@@ -540,10 +531,11 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
       plan.check_only(p.role == HfRole::embedding ? embed_source : p.name, p.value.shape());
       continue;
     }
-    if (p.role == HfRole::router && config.family == ModelFamily::mixtral) {
-      // transformers v5 renames block_sparse_moe.gate to mlp.gate
+    if (p.role == HfRole::router && config.spec().router_renamed_in_v5) {
+      // transformers v5 renames the block (Mixtral's block_sparse_moe) to mlp
+      const std::string block = std::string(config.spec().moe_block) + ".";
       std::string v5 = p.name;
-      v5.replace(v5.find("block_sparse_moe."), 17, "mlp.");
+      v5.replace(v5.find(block), block.size(), "mlp.");
       plan.add(plan.has(p.name) || !plan.has(v5) ? p.name : v5, p.value);
       continue;
     }

@@ -7,20 +7,11 @@
 
 namespace tiermoe {
 
-namespace {
-
-// The HF module path of a layer's MoE block ("mlp", Mixtral: "block_sparse_moe").
-std::string moe_block_name(const ModelConfig& c, const std::string& prefix) {
-  return prefix + (c.family == ModelFamily::mixtral ? "block_sparse_moe" : "mlp");
-}
-
-}  // namespace
-
 DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
                            const Dispatcher& dispatcher, MatrixAlloc alloc)
     : layer_(layer),
       prefix_("model.layers." + std::to_string(layer) + "."),
-      mlp_name_(c.is_moe_layer(layer) ? moe_block_name(c, prefix_) : prefix_ + "mlp"),
+      mlp_name_(prefix_ + std::string(c.is_moe_layer(layer) ? c.spec().moe_block : "mlp")),
       eps_(c.rms_norm_eps),
       norm_cast_(rmsnorm_cast(c)),
       norm_in_(Weight::zeros({c.hidden_size}, compute)),
@@ -29,7 +20,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
   if (c.is_moe_layer(layer)) {
     moe_ = std::make_unique<MoeBlock>(c, compute, dispatcher, mlp_name_, alloc);
     if (c.has_shared_expert()) {
-      shared_name_ = mlp_name_ + "." + std::string(shared_expert_module(c.family));
+      shared_name_ = mlp_name_ + "." + std::string(c.spec().shared_expert);
       shared_ = std::make_unique<SharedExpert>(c.hidden_size, c.shared_expert_intermediate_size,
                                                c.shared_expert_gated(), compute, alloc);
     }

@@ -8,13 +8,21 @@ namespace {
 
 RouterConfig router_config(const ModelConfig& c) {
   RouterConfig r;
-  r.kind = c.sigmoid_router() ? RouterKind::deepseek_v3
-           : c.gpt_oss()      ? RouterKind::gpt_oss
-                              : RouterKind::softmax_topk;
+  switch (c.spec().router) {
+    case RouterRule::softmax_topk:
+      r.kind = RouterKind::softmax_topk;
+      break;
+    case RouterRule::sigmoid_grouped:
+      r.kind = RouterKind::deepseek_v3;
+      break;
+    case RouterRule::topk_softmax:
+      r.kind = RouterKind::gpt_oss;
+      break;
+  }
   r.hidden = c.hidden_size;
   r.num_experts = c.num_experts;
   r.top_k = c.num_experts_per_tok;
-  r.norm_topk_prob = c.renormalize_topk() && !c.gpt_oss();
+  r.norm_topk_prob = c.renormalize_topk();
   if (c.sigmoid_router()) {
     r.n_group = c.n_group;
     r.topk_group = c.topk_group;
@@ -30,7 +38,7 @@ ExpertsConfig experts_config(const ModelConfig& c, const Dispatcher& d) {
   e.hidden = c.hidden_size;
   e.ffn = c.moe_intermediate_size;
   e.activation = ExpertActivation::swiglu;
-  if (c.gpt_oss()) {  // the clamped GLU on interleaved gate/up, a bias on both projections
+  if (c.spec().clamped_experts) {  // the clamped GLU on interleaved gate/up, biases on both
     e.activation = ExpertActivation::gpt_oss;
     e.gpt_oss = {c.swiglu_alpha, c.swiglu_limit};
     e.bias = true;
@@ -48,7 +56,7 @@ MoeLayerConfig layer_config(const std::string& name) {
 
 MoeBlock::MoeBlock(const ModelConfig& config, DType compute, const Dispatcher& dispatcher,
                    std::string name, MatrixAlloc alloc)
-    : router_(router_config(config), compute, name + (config.gpt_oss() ? ".router" : ".gate")),
+    : router_(router_config(config), compute, name + "." + std::string(config.spec().router_name)),
       experts_(experts_config(config, dispatcher), compute, name + ".experts",
                alloc == MatrixAlloc::unbound),
       first_expert_(experts_.config().num_experts * dispatcher.rank()),

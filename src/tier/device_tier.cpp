@@ -18,7 +18,6 @@ DeviceTier::DeviceTier(Device& device, DeviceTierConfig config, ExpertShape shap
       profile_(profile_in ? std::move(*profile_in)
                           : RoutingProfile(layers, experts, config_.profile_decay)),
       planner_(config_.planner, shape, layers, experts, config_.cost),
-      placement_(Placement::none(layers, experts)),
       tiered_(size_t(layers)) {
   TIERMOE_CHECK(profile_.layers() == layers && profile_.experts() == experts,
                 detail::str_of("the routing profile has ", profile_.layers(), " layers x ",
@@ -62,6 +61,14 @@ void TierStepStats::add(const TierStepStats& later) {
   faults += later.faults;
 }
 
+Placement DeviceTier::placement() const {
+  Placement p = Placement::none(layers_, experts_);
+  for (int64_t l = 0; l < layers_; ++l) {
+    if (const TieredExperts* t = tiered_[size_t(l)].get()) p.resident[size_t(l)] = t->resident();
+  }
+  return p;
+}
+
 bool DeviceTier::any_device_capable() const {
   return std::any_of(tiered_.begin(), tiered_.end(),
                      [](const auto& t) { return t && t->device_capable(); });
@@ -72,7 +79,7 @@ void DeviceTier::begin_step() {
     if (t) t->begin_step();
   }
   // A profile given up front (or restored) places experts before the first step.
-  if (placement_.count() == 0 && profile_.steps() > 0 &&
+  if (placement().count() == 0 && profile_.steps() > 0 &&
       config_.planner.mode != PlacementMode::host && any_device_capable()) {
     const Placement first = planner_.plan(profile_);
     if (first.count() > 0 && apply(first, pending_)) ++pending_.replacements;
@@ -82,7 +89,7 @@ void DeviceTier::begin_step() {
 bool DeviceTier::apply(const Placement& target, TierStepStats& stats) {
   const bool with_grads = config_.planner.train == TrainMode::full;
   const auto t0 = Clock::now();
-  const Placement before = placement_;
+  const Placement before = placement();
   // Experts with a LoRA adapter or a postprocess stay on the host.
   auto capable = [&](int64_t l) {
     const TieredExperts* t = tiered_[size_t(l)].get();
@@ -106,12 +113,12 @@ bool DeviceTier::apply(const Placement& target, TierStepStats& stats) {
       ++stats.faults;
       planner_.shrink_budget(device_->used());
     }
-    placement_.resident[size_t(l)] = t.resident();
   }
+  const Placement after = placement();
   int64_t moved = 0;
   for (int64_t l = 0; l < layers_; ++l) {
     for (int64_t e = 0; e < experts_; ++e) {
-      const bool was = before.is_resident(l, e), now = placement_.is_resident(l, e);
+      const bool was = before.is_resident(l, e), now = after.is_resident(l, e);
       stats.moved_in += now && !was;
       stats.moved_out += was && !now;
       moved += now != was;
@@ -139,25 +146,27 @@ TierStepStats DeviceTier::end_step(bool weights_changed) {
   }
   profile_.end_step();
   s.drift = profile_.drift();
+  const Placement current = placement();
   if (config_.planner.mode != PlacementMode::host && any_device_capable() &&
-      (config_.replan || placement_.count() == 0)) {
+      (config_.replan || current.count() == 0)) {
     std::optional<Placement> target;
-    if (placement_.count() == 0) {
+    if (current.count() == 0) {
       Placement first = planner_.plan(profile_);
       if (first.count() > 0) target = std::move(first);
-    } else if (auto r = planner_.replan(placement_, profile_)) {
+    } else if (auto r = planner_.replan(current, profile_)) {
       target = std::move(r->placement);
     }
     if (target && apply(*target, s)) ++s.replacements;
   }
-  s.resident = placement_.count();
-  for (const std::vector<uint8_t>& on_E : placement_.resident) {
+  const Placement now = placement();
+  s.resident = now.count();
+  for (const std::vector<uint8_t>& on_E : now.resident) {
     std::vector<int64_t>& ids = s.resident_experts.emplace_back();
     for (size_t e = 0; e < on_E.size(); ++e) {
       if (on_E[e]) ids.push_back(int64_t(e));
     }
   }
-  s.predicted_step_s = planner_.predict(placement_, profile_).step_s;
+  s.predicted_step_s = planner_.predict(now, profile_).step_s;
   return s;
 }
 

@@ -95,7 +95,6 @@ TieredExperts::TieredExperts(GroupedExperts& experts, HostExperts& host, Device&
       device_(&device),
       ws_(&workspace),
       buckets_(std::move(buckets)),
-      resident_(size_t(experts.config().num_experts), 0),
       state_(size_t(experts.config().num_experts)) {
   TIERMOE_CHECK(!buckets_.empty() && buckets_.back() == experts.config().dw_row_block &&
                     buckets_.back() <= workspace.max_rows(),
@@ -121,10 +120,14 @@ bool TieredExperts::device_capable() const {
   return !experts_->has_output_postprocess() && !host_->adapted().any();
 }
 
+std::vector<uint8_t> TieredExperts::resident() const {
+  std::vector<uint8_t> on(state_.size());
+  for (size_t e = 0; e < on.size(); ++e) on[e] = state_[e] != nullptr;
+  return on;
+}
+
 int64_t TieredExperts::resident_count() const {
-  int64_t n = 0;
-  for (uint8_t r : resident_) n += r;
-  return n;
+  return std::count_if(state_.begin(), state_.end(), [](const auto& r) { return r != nullptr; });
 }
 
 size_t TieredExperts::device_bytes() const {
@@ -158,7 +161,6 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
         free_block(r->sums);
         r.reset();
       }
-      resident_[size_t(e)] = 0;
       continue;
     }
     const std::string what = detail::str_of(experts_->name(), ".", e);
@@ -168,7 +170,6 @@ size_t TieredExperts::set_resident(const std::vector<uint8_t>& resident_E, bool 
       upload_expert(e, fresh->weights);
       uploaded += fresh->weights.buffer.bytes;
       r = std::move(fresh);
-      resident_[size_t(e)] = 1;
     }
     if (with_grads && !r->sums.buffer.valid()) {
       r->sums = alloc_block(experts_->grad_dtype(), BufferUsage::grads, what + " gradient sums");
@@ -258,11 +259,11 @@ TierLayerStats TieredExperts::take_stats() {
 
 std::vector<uint8_t> TieredExperts::device_experts(const std::vector<int64_t>& offset_E) const {
   if (host_only_ || !device_capable()) return {};
-  std::vector<uint8_t> on(resident_.size(), 0);
+  std::vector<uint8_t> on(state_.size(), 0);
   bool any = false;
   for (size_t e = 0; e < on.size(); ++e) {
     const int64_t rows = offset_E[e + 1] - offset_E[e];
-    on[e] = resident_[e] && rows > 0;
+    on[e] = state_[e] && rows > 0;
     any = any || on[e];
   }
   if (!any) on.clear();

@@ -113,8 +113,9 @@ MoeSavedBytes moe_saved(const Sizes& z, const MoeRematPlan& rp, bool absorbed, b
 // local one; the whole budget when even the workspace does not fit.
 size_t planned_device_bytes(const ModelConfig& c, DType dt, int64_t El,
                             const std::optional<ExpertQuant>& quant, bool lora, size_t budget) {
-  ExpertShape held{c.hidden_size, c.moe_intermediate_size, dt, c.gpt_oss(),
-                   c.gpt_oss() ? ExpertActivation::gpt_oss : ExpertActivation::swiglu};
+  const bool clamped = c.spec().clamped_experts;
+  ExpertShape held{c.hidden_size, c.moe_intermediate_size, dt, clamped,
+                   clamped ? ExpertActivation::gpt_oss : ExpertActivation::swiglu};
   held.quant = quant;
   const size_t workspace = bytes_workspace(held, ExpertsConfig{}.dw_row_block);
   if (El == 0 || workspace >= budget) return budget;

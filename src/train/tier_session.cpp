@@ -47,8 +47,8 @@ ExpertShape expert_shape(const CausalLM& model) {
   s.D = c.hidden_size;
   s.F = c.moe_intermediate_size;
   s.dtype = model.dtype();
-  s.bias = c.gpt_oss();  // b13, b2 on the device beside the weights
-  s.activation = c.gpt_oss() ? ExpertActivation::gpt_oss : ExpertActivation::swiglu;
+  s.bias = c.spec().clamped_experts;  // b13, b2 on the device beside the weights
+  s.activation = s.bias ? ExpertActivation::gpt_oss : ExpertActivation::swiglu;
   s.absorb = model.absorb_scores() != AbsorbScores::off;
   s.quant = model.expert_quant();
   return s;

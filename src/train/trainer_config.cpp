@@ -235,7 +235,7 @@ void check_fits_host(const TrainConfig& c, int ranks) {
   const std::string low_width =
       from_preset && c.lora && model.num_experts > 0
           ? str_of("write it with its experts at 4 bits (tiermoe init --preset ", c.preset,
-                   " --experts ", model.gpt_oss() ? "mxfp4" : "int4",
+                   " --experts ", model.spec().shipped_experts,
                    " --out DIR) and train --model DIR, ")
           : std::string();
   check_host_memory_for(

@@ -399,7 +399,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadConfig{
             "unknown_type",
             R"({"model_type": "llama"})",
-            {"llama", "qwen3_moe, qwen2_moe, glm4_moe, gpt_oss, deepseek_v3 (kimi_k2), mixtral"}},
+            {"llama",
+             "qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe, gpt_oss, deepseek_v3 (kimi_k2)"}},
         BadConfig{"no_type", R"({"hidden_size": 64})", {"model_type"}},
         BadConfig{"invalid_json", R"({"model_type": "qwen3_moe",)", {"invalid JSON"}},
         BadConfig{"not_object", R"([1, 2])", {"array"}},

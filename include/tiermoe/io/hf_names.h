@@ -37,9 +37,11 @@ struct HfTensor {
   int64_t expert = -1;  // for HfRole::expert
 };
 
-// The module name of a MoE layer's shared expert under "mlp.": Qwen2-MoE's
-// "shared_expert", DeepSeek-V3's and GLM-4.5's "shared_experts".
-std::string_view shared_expert_module(ModelFamily family);
+// Layer l's MoE block, "model.layers.{l}.mlp." (Mixtral: "...block_sparse_moe.").
+std::string moe_block_prefix(const ModelConfig& config, int64_t layer);
+// Expert e's projection in the per-expert layout: `proj` 0 gate, 1 up, 2 down
+// ("model.layers.0.mlp.experts.3.up_proj.weight"; Mixtral's w1, w3, w2).
+std::string expert_weight_name(const ModelConfig& config, int64_t layer, int64_t e, int proj);
 
 // The module a weight belongs to: "model.layers.0.self_attn.q_proj" for
 // "model.layers.0.self_attn.q_proj.weight"; other names as they are.

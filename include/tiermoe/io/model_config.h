@@ -2,9 +2,8 @@
 // A Hugging Face MoE config.json as one struct. Field names and defaults are
 // those of transformers' Qwen3MoeConfig; Mixtral, OLMoE, Qwen2-MoE, GLM-4.5,
 // gpt-oss and DeepSeek-V3 configs map onto the same fields (their expert width lands in
-// moe_intermediate_size), and
-// `family` records the differences the model must honour (router
-// renormalisation, q/k norm shape, tensor names).
+// moe_intermediate_size), and `family` names the spec (io/family.h) that
+// says what the model computes differently and how the checkpoint names it.
 //
 // Parsing is strict where transformers is silent: a wrong JSON type, a size
 // that is not positive, heads that do not divide, or a feature TierMoE does
@@ -17,28 +16,12 @@
 #include <vector>
 
 #include "tiermoe/core/dtype.h"
+#include "tiermoe/io/family.h"
 
 namespace tiermoe {
 
-enum class ModelFamily : uint8_t {
-  qwen3_moe,
-  mixtral,
-  olmoe,
-  qwen2_moe,
-  glm4_moe,
-  gpt_oss,
-  deepseek_v3,  // and Kimi-K2 (model_type kimi_k2: the same architecture)
-};
-std::string_view family_name(ModelFamily family);  // the HF model_type
 // config.json's torch_dtype for a TierMoE dtype: "float64", "float32", "bfloat16".
 std::string_view torch_dtype_name(DType dtype);
-
-// How attention normalises q and k before RoPE.
-enum class QkNorm : uint8_t {
-  none,      // Mixtral
-  per_head,  // Qwen3: RMSNorm over each head's P values, weight [P]
-  whole,     // OLMoE: RMSNorm over the whole projection, weights [Hq*P] and [Hkv*P]
-};
 
 // RoPE scaling (config.json's rope_scaling, or transformers 5's
 // rope_parameters): none, or YaRN with transformers' fields and defaults
@@ -50,6 +33,8 @@ struct RopeScaling {
   double beta_fast = 32, beta_slow = 1;
   bool truncate = true;
   std::optional<double> attention_factor, mscale, mscale_all_dim;
+
+  bool operator==(const RopeScaling&) const = default;
 };
 
 struct ModelConfig {
@@ -112,7 +97,7 @@ struct ModelConfig {
   std::optional<int64_t> pad_token_id;        // its embedding row is zeroed at init, as HF does
   bool use_sliding_window = false;
   std::optional<int64_t> sliding_window;
-  std::optional<int64_t> max_window_layers;
+  int64_t max_window_layers = 28;
   std::optional<double> clip_qkv;             // OLMoE: clamp q, k, v to [-c, c]
   // gpt-oss: each layer's attention, "sliding_attention" (a window of
   // sliding_window keys) or "full_attention"; a learned sink per head; the
@@ -140,19 +125,19 @@ struct ModelConfig {
   int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = false;
 
+  bool operator==(const ModelConfig&) const = default;
+
+  const FamilySpec& spec() const { return family_spec(family); }
   bool is_moe_layer(int64_t layer) const;     // decoder_sparse_step, mlp_only_layers
-  QkNorm qk_norm() const;
-  // Mixtral always renormalises the top-K weights, whatever norm_topk_prob says.
-  bool renormalize_topk() const { return family == ModelFamily::mixtral || norm_topk_prob; }
+  QkNorm qk_norm() const {
+    return spec().qk_norm_switched && !use_qk_norm ? QkNorm::none : spec().qk_norm;
+  }
+  bool renormalize_topk() const { return spec().always_renormalize || norm_topk_prob; }
   bool q_k_v_bias() const { return attention_bias || qkv_bias; }
   bool has_shared_expert() const { return shared_expert_intermediate_size > 0; }
-  bool shared_expert_gated() const { return family == ModelFamily::qwen2_moe; }
-  // DeepSeek-V3's router (moe/router.h: deepseek_v3) instead of softmax top-k.
-  bool sigmoid_router() const {
-    return family == ModelFamily::glm4_moe || family == ModelFamily::deepseek_v3;
-  }
-  bool gpt_oss() const { return family == ModelFamily::gpt_oss; }
-  bool mla() const { return family == ModelFamily::deepseek_v3; }
+  bool shared_expert_gated() const { return spec().shared_expert_gated; }
+  bool sigmoid_router() const { return spec().sigmoid_router(); }
+  bool mla() const { return spec().attention == AttentionKind::mla; }
   // A query (and key) head's width, and a value head's: head_dim for GQA.
   int64_t qk_head_dim() const { return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
   int64_t v_dim() const { return mla() ? v_head_dim : head_dim; }

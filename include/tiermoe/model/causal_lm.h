@@ -229,8 +229,8 @@ class CausalLM {
  private:
   struct Slot;  // one HF tensor: its views and its group's requires_grad switch
   std::vector<Slot> slots(bool with_grads);
-  void gpt_oss_moe_slots(std::vector<Slot>& out, const std::string& block, MoeBlock& moe,
-                         bool with_grads);
+  void fused_moe_slots(std::vector<Slot>& out, const std::string& block, MoeBlock& moe,
+                       bool with_grads);
   std::vector<const Routing*> routings() const;
   void check_trainable(std::string_view name) const;  // Error on a bound model
   // WeightBinding::mapped: every weight matrix from the checkpoint (checkpoint.h).

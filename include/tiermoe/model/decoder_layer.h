@@ -17,9 +17,9 @@
 
 namespace tiermoe {
 
-// Where the family's RMSNorm rounds (kernels/rmsnorm.h): gpt-oss after the weight.
+// Where the family's RMSNorm rounds (kernels/rmsnorm.h).
 inline RmsNormCast rmsnorm_cast(const ModelConfig& c) {
-  return c.gpt_oss() ? RmsNormCast::after_weight : RmsNormCast::after_normalize;
+  return c.spec().norm_cast_after_weight ? RmsNormCast::after_weight : RmsNormCast::after_normalize;
 }
 
 struct DecoderLayerSaved {

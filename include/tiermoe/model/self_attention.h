@@ -4,8 +4,8 @@
 //   - grouped-query attention (attention_block.h): Qwen3-MoE, Mixtral, OLMoE,
 //     Qwen2-MoE, GLM-4.5, and gpt-oss with its sinks and sliding window;
 //   - multi-head latent attention (mla_attention.h): DeepSeek-V3, Kimi-K2.
-// make_self_attention picks the kind from the config, so a new family is a
-// config, its tensor names and at most one new kind here.
+// make_self_attention picks the kind from the family's spec (io/family.h),
+// so a new family is its spec file, its presets and at most one new kind here.
 //
 // Forward keeps what backward reads in an AttentionSaved; backward reads it
 // in reverse. Parameter grads accumulate (+=) unless frozen.

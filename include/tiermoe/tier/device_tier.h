@@ -73,7 +73,8 @@ class DeviceTier {
   Device& device() { return *device_; }
   RoutingProfile& profile() { return profile_; }
   const RoutingProfile& profile() const { return profile_; }
-  const Placement& placement() const { return placement_; }
+  // What the attached layers hold now (each TieredExperts keeps its own).
+  Placement placement() const;
   const PlacementPlanner& planner() const { return planner_; }
   const DeviceTierConfig& config() const { return config_; }
   // Whether any attached layer can run on the device at all (experts with a
@@ -82,8 +83,7 @@ class DeviceTier {
 
  private:
   // Makes `target` resident, layer by layer; on DeviceOutOfMemory keeps what
-  // fitted and shrinks the budget. Updates placement_ to what is resident;
-  // returns whether any expert moved.
+  // fitted and shrinks the budget. Returns whether any expert moved.
   bool apply(const Placement& target, TierStepStats& stats);
 
   Device* device_;
@@ -94,7 +94,6 @@ class DeviceTier {
   TierWorkspace workspace_;
   RoutingProfile profile_;
   PlacementPlanner planner_;
-  Placement placement_;
   std::vector<std::unique_ptr<TieredExperts>> tiered_;  // per layer; null until attached
   TierStepStats pending_;  // moves made by begin_step(), reported with the step
 };

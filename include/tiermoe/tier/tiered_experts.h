@@ -110,7 +110,7 @@ class TieredExperts final : public ExpertExecutor {
   // Returns the weight bytes uploaded. DeviceOutOfMemory propagates with the
   // experts that did fit kept resident.
   size_t set_resident(const std::vector<uint8_t>& resident_E, bool with_grads);
-  const std::vector<uint8_t>& resident() const { return resident_; }
+  std::vector<uint8_t> resident() const;  // per expert, from what the device holds
   int64_t resident_count() const;
   size_t device_bytes() const;  // weights and sums held on the device
   // Re-uploads every resident expert's weights (after an optimizer step);
@@ -167,8 +167,9 @@ class TieredExperts final : public ExpertExecutor {
   Device* device_;
   TierWorkspace* ws_;
   std::vector<int64_t> buckets_;
-  std::vector<uint8_t> resident_;
-  std::vector<std::unique_ptr<Resident>> state_;  // per expert; null when not resident
+  // Per expert, what the device holds of it; null when not resident (the one
+  // record of residency: resident() and DeviceTier::placement() read it).
+  std::vector<std::unique_ptr<Resident>> state_;
   int host_threads_ = 0;
   bool host_only_ = false;
   std::function<void(const std::vector<int64_t>&)> observe_;
