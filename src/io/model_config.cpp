@@ -1,6 +1,6 @@
 // The config's own rules: the layers it makes MoE, validation, the
 // config.json it writes and the parameters it implies (reading config.json:
-// model_config_parse.cpp).
+// model_config_parse.cpp; each family's fields: families/).
 #include "tiermoe/io/model_config.h"
 
 #include <algorithm>

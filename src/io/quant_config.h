@@ -1,5 +1,5 @@
 #pragma once
-// config.json's quantization_config (model_config_parse.cpp reads the rest).
+// config.json's quantization_config (the family's field table reads the rest).
 #include <nlohmann/json.hpp>
 #include <string>
 
