@@ -199,8 +199,9 @@ void run_init(const InitOptions& o) {
     TIERMOE_CHECK(
         fused ? mxfp4 : experts.format == QuantFormat::int4 || experts.format == QuantFormat::int8,
         str_of("--experts ", o.experts, " is not written for ", config.model_type), "--experts",
-        fused ? "gpt-oss's experts are written as its releases ship them: mxfp4"
-              : "int4 or int8 (compressed-tensors' pack-quantized)");
+        fused ? str_of(config.model_type, "'s experts are written as its releases ship them: ",
+                       config.spec().shipped_experts)
+              : std::string("int4 or int8 (compressed-tensors' pack-quantized)"));
     for (const HfTensor& t : tensors) {
       // The input width: dimension 1 of [out, in] and of gpt-oss's x-major [E, in, out].
       const int64_t in = t.shape[1], g = mxfp4 ? 32 : o.group;

@@ -128,6 +128,14 @@ std::string moe_block_prefix(const ModelConfig& c, int64_t layer) {
   return "model.layers." + std::to_string(layer) + "." + std::string(c.spec().moe_block) + ".";
 }
 
+std::string v5_router_name(const ModelConfig& c, const std::string& name) {
+  if (!c.spec().router_renamed_in_v5) return name;
+  const std::string block = "." + std::string(c.spec().moe_block) + ".";
+  const size_t at = name.find(block);
+  return at == std::string::npos ? name
+                                 : name.substr(0, at) + ".mlp." + name.substr(at + block.size());
+}
+
 std::string expert_weight_name(const ModelConfig& c, int64_t layer, int64_t e, int proj) {
   return moe_block_prefix(c, layer) + "experts." + std::to_string(e) + "." +
          std::string(c.spec().expert_projections.at(size_t(proj))) + ".weight";
@@ -184,9 +192,8 @@ std::vector<HfTensor> hf_checkpoint_tensors(
       out.push_back({t.name + "_scales", {E, out_dim, in / 32}, HfRole::expert, t.layer});
       continue;
     }
-    if (t.role == HfRole::router && c.spec().router_renamed_in_v5 && !stored(t.name) &&
-        stored(p + "mlp.gate.weight")) {
-      t.name = p + "mlp.gate.weight";
+    if (t.role == HfRole::router && !stored(t.name) && stored(v5_router_name(c, t.name))) {
+      t.name = v5_router_name(c, t.name);
     }
     out.push_back(std::move(t));
   }

@@ -35,8 +35,8 @@ std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
   if (!comm || comm->size() == 1) return std::make_unique<LocalDispatcher>();
   TIERMOE_CHECK(c.spec().expert_layout != ExpertLayout::fused_x_major,
                 str_of("expert parallelism for ", c.model_type, " is not implemented"), "--ep",
-                "its experts are fused tensors that every rank would load whole; run gpt-oss on "
-                "one rank");
+                "its experts are fused tensors that every rank would load whole; run it on one "
+                "rank");
   TIERMOE_CHECK(c.num_experts > 0 && c.num_experts % comm->size() == 0,
                 str_of("expert parallelism over ", comm->size(),
                        " ranks needs an expert count they divide; the model has ", c.num_experts),

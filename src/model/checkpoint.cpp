@@ -531,11 +531,8 @@ CausalLM CausalLM::from_checkpoint(const std::string& dir, DType compute, Comm* 
       plan.check_only(p.role == HfRole::embedding ? embed_source : p.name, p.value.shape());
       continue;
     }
-    if (p.role == HfRole::router && config.spec().router_renamed_in_v5) {
-      // transformers v5 renames the block (Mixtral's block_sparse_moe) to mlp
-      const std::string block = std::string(config.spec().moe_block) + ".";
-      std::string v5 = p.name;
-      v5.replace(v5.find(block), block.size(), "mlp.");
+    if (p.role == HfRole::router) {
+      const std::string v5 = v5_router_name(config, p.name);
       plan.add(plan.has(p.name) || !plan.has(v5) ? p.name : v5, p.value);
       continue;
     }

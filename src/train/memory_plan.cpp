@@ -24,6 +24,7 @@
 #include "tiermoe/remat/policy.h"
 #include "tiermoe/tier/cost_model.h"
 #include "tiermoe/tier/cuda_device.h"
+#include "tiermoe/train/tier_session.h"
 
 namespace tiermoe {
 
@@ -113,9 +114,7 @@ MoeSavedBytes moe_saved(const Sizes& z, const MoeRematPlan& rp, bool absorbed, b
 // local one; the whole budget when even the workspace does not fit.
 size_t planned_device_bytes(const ModelConfig& c, DType dt, int64_t El,
                             const std::optional<ExpertQuant>& quant, bool lora, size_t budget) {
-  const bool clamped = c.spec().clamped_experts;
-  ExpertShape held{c.hidden_size, c.moe_intermediate_size, dt, clamped,
-                   clamped ? ExpertActivation::gpt_oss : ExpertActivation::swiglu};
+  ExpertShape held = expert_shape(c, dt);
   held.quant = quant;
   const size_t workspace = bytes_workspace(held, ExpertsConfig{}.dw_row_block);
   if (El == 0 || workspace >= budget) return budget;

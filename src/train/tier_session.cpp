@@ -39,16 +39,19 @@ void TierRunConfig::validate() const {
                 "horizon >= 1, min gain >= 0, 0 <= decay < 1");
 }
 
+ExpertShape expert_shape(const ModelConfig& c, DType dtype) {
+  const bool clamped = c.spec().clamped_experts;
+  return {.D = c.hidden_size,
+          .F = c.moe_intermediate_size,
+          .dtype = dtype,
+          .bias = clamped,
+          .activation = clamped ? ExpertActivation::gpt_oss : ExpertActivation::swiglu};
+}
+
 namespace {
 
 ExpertShape expert_shape(const CausalLM& model) {
-  const ModelConfig& c = model.config();
-  ExpertShape s;
-  s.D = c.hidden_size;
-  s.F = c.moe_intermediate_size;
-  s.dtype = model.dtype();
-  s.bias = c.spec().clamped_experts;  // b13, b2 on the device beside the weights
-  s.activation = s.bias ? ExpertActivation::gpt_oss : ExpertActivation::swiglu;
+  ExpertShape s = expert_shape(model.config(), model.dtype());
   s.absorb = model.absorb_scores() != AbsorbScores::off;
   s.quant = model.expert_quant();
   return s;

@@ -80,13 +80,13 @@ void check_model_fd(const ModelConfig& config, uint64_t seed) {
   }
   const std::string block = config.family == ModelFamily::mixtral ? "block_sparse_moe." : "mlp.";
   const std::vector<std::string> moe_kinds =
-      (config.family == ModelFamily::gpt_oss)
+      config.family == ModelFamily::gpt_oss
           ? std::vector<std::string>{"router.weight",        "router.bias",
                                      "experts.gate_up_proj", "experts.gate_up_proj_bias",
                                      "experts.down_proj",    "experts.down_proj_bias"}
           : std::vector<std::string>{"gate.weight", "experts.gate_proj.weight",
                                      "experts.up_proj.weight", "experts.down_proj.weight"};
-  if ((config.family == ModelFamily::gpt_oss)) want.push_back("self_attn.sinks");
+  if (config.family == ModelFamily::gpt_oss) want.push_back("self_attn.sinks");
   for (std::string k : moe_kinds) {
     if (config.family == ModelFamily::mixtral) {
       if (k.starts_with("experts.")) k = k.substr(0, 8) + (k[8] == 'g' ? "w1" : k[8] == 'u' ? "w3" : "w2") + ".weight";

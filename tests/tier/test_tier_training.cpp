@@ -124,13 +124,8 @@ TEST_F(TierTraining, QuantizedExpertsOnTheDeviceEqualTheHostBitwise) {
     const std::optional<ExpertQuant> quant = model.expert_quant();
     ASSERT_TRUE(quant) << what;
     const ModelConfig& m = model.config();
-    const ExpertShape held{.D = m.hidden_size,
-                           .F = m.moe_intermediate_size,
-                           .dtype = host_cfg.dtype,
-                           .bias = m.spec().clamped_experts,
-                           .activation = m.spec().clamped_experts ? ExpertActivation::gpt_oss
-                                                                  : ExpertActivation::swiglu,
-                           .quant = quant};
+    ExpertShape held = expert_shape(m, host_cfg.dtype);
+    held.quant = quant;
     const int64_t room = model.num_moe_layers() * m.num_experts / 3;
     TrainConfig tier_cfg = host_cfg;
     tier_cfg.tier = testing::following_the_routing(

@@ -39,6 +39,10 @@ struct HfTensor {
 
 // Layer l's MoE block, "model.layers.{l}.mlp." (Mixtral: "...block_sparse_moe.").
 std::string moe_block_prefix(const ModelConfig& config, int64_t layer);
+// Where transformers 5 stores a router tensor of hf_tensors: under "mlp."
+// when the family's block was renamed (Mixtral's block_sparse_moe.gate ->
+// mlp.gate), else `name` itself.
+std::string v5_router_name(const ModelConfig& config, const std::string& name);
 // Expert e's projection in the per-expert layout: `proj` 0 gate, 1 up, 2 down
 // ("model.layers.0.mlp.experts.3.up_proj.weight"; Mixtral's w1, w3, w2).
 std::string expert_weight_name(const ModelConfig& config, int64_t layer, int64_t e, int proj);

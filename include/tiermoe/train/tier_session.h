@@ -39,6 +39,11 @@ struct TierRunConfig {
   void validate() const;  // names the flag
 };
 
+// The device tier's view of a model's routed experts: D, F, the dtype and
+// the family's activation (gpt-oss's clamped GLU brings b13 and b2 beside
+// the weights). The memory plan, the sessions and the tests build it here.
+ExpertShape expert_shape(const ModelConfig& config, DType dtype);
+
 class TierSession {
  public:
   // Builds the device and the tier for `model` (full_ft: the experts train)
