@@ -14,6 +14,9 @@ using detail::str_of;
 void CausalLM::set_moe_options(const RematPolicy& remat, AbsorbScores absorb) {
   for (auto& layer : layers_) {
     if (MoeBlock* moe = layer->moe()) moe->set_moe_options(absorb, remat.moe_keep());
+    if (SharedExpert* shared = layer->shared_expert()) {
+      shared->set_keep(remat.saves(MoeRegion::shared));
+    }
   }
   remat_ = remat;
   absorb_ = absorb;

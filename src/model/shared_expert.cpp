@@ -11,16 +11,13 @@ SharedExpert::SharedExpert(int64_t hidden, int64_t intermediate, bool gated, DTy
   if (gated) gate_ = Linear::zeros(1, hidden, /*bias=*/false, compute, MatrixAlloc::zeroed);
 }
 
-void SharedExpert::forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSaved& saved) const {
+Tensor SharedExpert::run(const Tensor& x_TD, SharedExpertSaved& saved) const {
   const int64_t T = x_TD.size(0), D = x_TD.size(1);
   const DType dt = x_TD.dtype();
   saved.clear();
   Tensor m_TD = Tensor::empty({T, D}, dt);
   mlp_.forward(m_TD, x_TD, saved.mlp);
-  if (!gated_) {
-    add_inplace(y_TD, m_TD);
-    return;
-  }
+  if (!gated_) return m_TD;
   saved.m_TD = m_TD;
   Tensor z_T1 = Tensor::empty({T, 1}, dt);
   gate_.forward(z_T1, x_TD);
@@ -28,21 +25,43 @@ void SharedExpert::forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSav
   visit_dtype(dt, [&]<class X>() {
     using A = acc_t<X>;
     const X* z = z_T1.data<X>();
-    const X* m = saved.m_TD.data<X>();
     A* s = saved.s_T.data<A>();
-    X* y = y_TD.data<X>();
-    for (int64_t t = 0; t < T; ++t) {
-      s[t] = A(1) / (A(1) + std::exp(-load<X>(z[t])));
-      for (int64_t d = 0; d < D; ++d) {
-        const X scaled = store<X>(s[t] * load<X>(m[t * D + d]));
-        y[t * D + d] = store<X>(load<X>(y[t * D + d]) + load<X>(scaled));
-      }
-    }
+    for (int64_t t = 0; t < T; ++t) s[t] = A(1) / (A(1) + std::exp(-load<X>(z[t])));
   });
+  return m_TD;
 }
 
-void SharedExpert::backward_add(Tensor& dx_TD, const Tensor& dy_TD,
-                                const SharedExpertSaved& saved) {
+void SharedExpert::forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSaved& saved) const {
+  const Tensor m_TD = run(x_TD, saved);
+  if (!gated_) {
+    add_inplace(y_TD, m_TD);
+  } else {
+    const int64_t T = x_TD.size(0), D = x_TD.size(1);
+    visit_dtype(x_TD.dtype(), [&]<class X>() {
+      using A = acc_t<X>;
+      const X* m = m_TD.data<X>();
+      const A* s = saved.s_T.data<A>();
+      X* y = y_TD.data<X>();
+      for (int64_t t = 0; t < T; ++t) {
+        for (int64_t d = 0; d < D; ++d) {
+          const X scaled = store<X>(s[t] * load<X>(m[t * D + d]));
+          y[t * D + d] = store<X>(load<X>(y[t * D + d]) + load<X>(scaled));
+        }
+      }
+    });
+  }
+  if (!keep_) {  // the input alone: backward replays the rest
+    const Tensor x = saved.mlp.x_TD;
+    saved.clear();
+    saved.mlp.x_TD = x;
+  }
+}
+
+void SharedExpert::backward_add(Tensor& dx_TD, const Tensor& dy_TD, const SharedExpertSaved& kept) {
+  SharedExpertSaved replayed;
+  const bool replay = !kept.mlp.h_T2I.defined();
+  if (replay) run(kept.mlp.x_TD, replayed);
+  const SharedExpertSaved& saved = replay ? replayed : kept;
   if (!gated_) {
     mlp_.backward(dx_TD, dy_TD, saved.mlp, /*accumulate=*/true);
     return;

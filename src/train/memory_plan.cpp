@@ -58,8 +58,9 @@ struct Sizes {
 // Forward state of one decoder layer outside the MoE layer's record
 // (activations), alive until backward ends.
 size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_attn,
-                  int64_t lora_mlp) {
-  // lora_mlp: the dense MLP's adapted projections, or in a MoE layer the shared expert's.
+                  int64_t lora_mlp, bool shared_kept) {
+  // lora_mlp: the dense MLP's adapted projections, or in a MoE layer the
+  // shared expert's (none kept when the region `shared` replays).
   const int64_t HP = z.H * z.P, KP = z.Hkv * z.P;
   const QkNorm qk = c.qk_norm();
   size_t b = size_t(z.N) * (3 * z.D) * z.s;  // input, normed input, h
@@ -78,7 +79,7 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_a
   }
   b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
   if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
-  if (moe && c.has_shared_expert()) {  // its h [N, 2S], a [N, S], output m [N, D], gate s [N]
+  if (moe && c.has_shared_expert() && shared_kept) {  // h [N, 2S], a [N, S], m [N, D], gate s [N]
     b += size_t(z.N) * (z.D + 3 * c.shared_expert_intermediate_size) * z.s + size_t(z.N) * z.a;
   }
   return b;
@@ -314,16 +315,19 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const int64_t lora_attn_per_layer = layers ? lora_attn_modules / layers : 0;
   const int64_t lora_dense_per_layer = dense_layers ? lora_dense_modules / dense_layers : 0;
   const int64_t lora_shared_per_layer = moe_layers ? lora_shared_modules / moe_layers : 0;
+  // The shared expert (region `shared`) keeps its record or replays it in backward.
+  const bool shared_kept = RematPolicy::parse(cfg.remat, "--remat").saves(MoeRegion::shared);
+  const int64_t lora_shared_kept = shared_kept ? lora_shared_per_layer : 0;
   size_t kept = 0;
   for (int64_t l = 0; l < layers; ++l) {
     const bool moe = c.num_experts > 0 && c.is_moe_layer(l);
     kept += layer_kept(z, c, moe, lora_attn_per_layer,
-                       moe ? lora_shared_per_layer : lora_dense_per_layer);
+                       moe ? lora_shared_kept : lora_dense_per_layer, shared_kept);
   }
   if (dt == DType::f64) {
     // f64 LoRA intermediates are twice the fp32 ones layer_kept counted.
     kept += size_t(z.N) * z.R * 4 *
-            size_t(lora_attn_modules + lora_dense_modules + lora_shared_modules);
+            size_t(lora_attn_modules + lora_dense_modules + lora_shared_kept * moe_layers);
   }
   kept += size_t(z.N) * z.D * z.s;      // the last layer's output (the final norm's input)
   kept += 2 * size_t(z.N) * c.rotary_dim() * z.s;       // RoPE cos and sin
@@ -407,7 +411,11 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     // After the routed experts' backward: the shared expert's dm and its
     // MLP's da and dh, over the MoE half's dx, dprev and dm.
     const int64_t S = c.shared_expert_intermediate_size;
-    mlp_bwd = std::max(mlp_bwd, 4 * ND + size_t(z.N) * 3 * S * z.s +
+    // Replayed, its record (h, a, m, s and LoRA u) lives through its backward.
+    const size_t replayed = shared_kept ? 0
+                                        : size_t(z.N) * (z.D + 3 * S) * z.s + size_t(z.N) * z.a +
+                                              size_t(z.N) * z.R * 4 * size_t(lora_shared_per_layer);
+    mlp_bwd = std::max(mlp_bwd, 4 * ND + replayed + size_t(z.N) * 3 * S * z.s +
                                     size_t(z.N * lora_dense_bwd) * master +
                                     mixed_dx(z.N, {{2 * S, z.D}, {z.D, S}}));
   }

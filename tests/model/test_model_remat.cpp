@@ -111,6 +111,46 @@ TEST(ModelRemat, DeepseekV3FullFineTuningIsBitwiseUnderEveryPolicyF32) {
   expect_policies_bitwise(DType::f32, false, Family::deepseek_v3);
 }
 
+// The shared expert is the region `shared`: replayed, a forward keeps none of
+// its record (at least its MLP's h [N, 2S] and a [N, S] per MoE layer), and
+// loss and gradients stay bitwise (expect_policies_bitwise above: `full` and
+// `save-w2-only` replay it for Qwen2-MoE, GLM-4.5 and DeepSeek-V3).
+TEST(ModelRemat, ReplayingTheSharedExpertKeepsLessAndGivesTheSameBits) {
+  testing::SingleThread one_thread;
+  for (Family family : {Family::qwen2, Family::glm4}) {  // gated and ungated
+    SCOPED_TRACE(family == Family::qwen2 ? "qwen2" : "glm4");
+    CausalLM model(testing::tiny_model_config(family, false, true, true), DType::f32);
+    testing::randomize(model, 11);
+    const testing::Batch b = testing::make_batch(model.config().vocab_size, 12, 2, 6);
+    auto kept_after_forward = [&](const char* policy, tiermoe::Run& r) {
+      model.set_moe_options(RematPolicy::parse(policy), AbsorbScores::on);
+      model.zero_grad();
+      const size_t before = MemoryTracker::process().live_total();
+      r.loss = model.forward(b.ids, b.targets, b.B, b.T);
+      const size_t kept = MemoryTracker::process().live_total() - before;
+      model.backward();
+      for (ModelParam& p : model.params()) {
+        if (p.grad.defined()) r.grads.emplace_back(p.name, p.grad.clone());
+      }
+      return kept;
+    };
+    tiermoe::Run warm, keep, replay;
+    kept_after_forward("none", warm);  // allocates the gradients
+    const size_t kept_all = kept_after_forward("none", keep);
+    const size_t kept_replayed =
+        kept_after_forward("save:router,dispatch,w13,act,w2,combine", replay);
+    const ModelConfig& c = model.config();
+    const size_t shared_record = size_t(c.num_moe_layers() * b.B * b.T) * 3 *
+                                 size_t(c.shared_expert_intermediate_size) * sizeof(float);
+    EXPECT_GE(kept_all, kept_replayed + shared_record);
+    EXPECT_EQ(replay.loss, keep.loss);
+    ASSERT_EQ(replay.grads.size(), keep.grads.size());
+    for (size_t i = 0; i < keep.grads.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(replay.grads[i].second, keep.grads[i].second, keep.grads[i].first));
+    }
+  }
+}
+
 TEST(ModelRemat, OptionsReachEveryMoeBlock) {
   CausalLM model(testing::tiny_model_config(Family::qwen3, false, true), DType::f32);
   model.set_moe_options(RematPolicy::full(), AbsorbScores::off);

@@ -118,9 +118,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-qwen2-moe", true, DType::f32, "none", 4, 64},
                       Case{"tiny-qwen2-moe", false, DType::bf16, "default", 4, 64},
                       Case{"tiny-qwen2-moe", true, DType::bf16, "none", 4, 64, false},
+                      Case{"tiny-qwen2-moe", true, DType::bf16, "full", 4, 64},  // shared replays
                       Case{"tiny-deepseek-v3", true, DType::f32, "none", 4, 64},
                       Case{"tiny-deepseek-v3", false, DType::bf16, "default", 4, 64},
-                      Case{"tiny-deepseek-v3", true, DType::bf16, "none", 4, 64, false}),
+                      Case{"tiny-deepseek-v3", true, DType::bf16, "none", 4, 64, false},
+                      Case{"tiny-deepseek-v3", false, DType::f32, "full", 4, 64}),
     case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most

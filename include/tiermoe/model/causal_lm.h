@@ -164,8 +164,9 @@ class CausalLM {
   // Applies the policy's MoE view (RematPolicy::moe_keep) and the absorption
   // mode to every MoE block, for the following forwards. Loss and gradients
   // are bitwise the same under every policy; absorbed and post-combine agree
-  // to rounding. The policy's model-level kinds (attention, norm, mlp) are
-  // not implemented: the model keeps those activations under every policy.
+  // to rounding. The shared experts (region `shared`) follow the policy as
+  // well. The policy's model-level kinds (attention, norm, mlp) are not
+  // implemented: the model keeps those activations under every policy.
   void set_moe_options(const RematPolicy& remat, AbsorbScores absorb);
   const RematPolicy& remat_policy() const { return remat_; }
   AbsorbScores absorb_scores() const { return absorb_; }

@@ -10,6 +10,10 @@
 //
 // The gate and the product run in the accumulation dtype and round once,
 // as torch rounds sigmoid(z) * m; the sum onto y rounds once more.
+//
+// It is the remat region `shared` (remat/policy.h): under a policy that
+// replays it, forward keeps only its input x (the MoE block's, held anyway)
+// and backward runs the forward again from it first, to the same bits.
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,7 +26,7 @@
 namespace tiermoe {
 
 struct SharedExpertSaved {
-  DenseMlpSaved mlp;
+  DenseMlpSaved mlp;  // only mlp.x_TD when the region replays
   Tensor m_TD;  // the MLP's output, before the gate (the gate's gradient); gated only
   Tensor s_T;   // sigmoid(x . g^T) per token, accumulation dtype; gated only
   void clear() { *this = SharedExpertSaved(); }
@@ -37,6 +41,9 @@ class SharedExpert {
   void forward_add(Tensor& y_TD, const Tensor& x_TD, SharedExpertSaved& saved) const;
   // dx_TD += d/dx of the above; parameter grads +=.
   void backward_add(Tensor& dx_TD, const Tensor& dy_TD, const SharedExpertSaved& saved);
+  // Whether forward keeps what backward reads (else backward replays it).
+  void set_keep(bool keep) { keep_ = keep; }
+  bool keeps() const { return keep_; }
 
   DenseMlp& mlp() { return mlp_; }
   bool gated() const { return gated_; }
@@ -50,8 +57,12 @@ class SharedExpert {
   std::vector<LoraAdapter*> lora_adapters() { return mlp_.lora_adapters(); }
 
  private:
+  // The MLP's output m and, gated, the gate s into `saved`; returns m.
+  Tensor run(const Tensor& x_TD, SharedExpertSaved& saved) const;
+
   DenseMlp mlp_;
   bool gated_;
+  bool keep_ = true;
   Linear gate_;  // (1, D), no bias; gated only
 };
 
