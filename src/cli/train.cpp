@@ -46,6 +46,7 @@
 #include "tiermoe/io/peft.h"
 #include "tiermoe/train/checkpoint.h"
 #include "tiermoe/train/progress.h"
+#include "tiermoe/train/run_fields.h"
 #include "tiermoe/train/trainer_session.h"
 #include "train_report.h"
 
@@ -88,47 +89,6 @@ struct TrainFlags {
   int ep = 0;                 // ranks the experts are split over (0: not given)
   double comm_timeout = 600;  // seconds a collective may wait for the other ranks
   std::string inject_fault;   // tests: KIND:RANK:STEP with KIND kill, hang or error
-};
-
-// Flags that define the run, by the trainer_state.json config key they set.
-// On --resume, each one given is checked against the checkpoint's value.
-const std::vector<std::pair<std::string, std::string>> kRunFlags = {
-    {"--model", "model"},
-    {"--preset", "preset"},
-    {"--layers", "layers"},
-    {"--dtype", "dtype"},
-    {"--seed", "seed"},
-    {"--data", "data"},
-    {"--no-packing", "pack"},
-    {"--lm-head-chunk", "lm_head_chunk"},
-    {"--corpus-tokens", "corpus_tokens"},
-    {"--remat", "remat"},
-    {"--absorb-scores", "absorb_scores"},
-    {"--experts", "experts"},
-    {"--experts-group", "experts_group"},
-    {"--dequantize", "dequantize"},
-    {"--steps", "steps"},
-    {"--batch", "batch"},
-    {"--seq-len", "seq_len"},
-    {"--grad-accum", "grad_accum"},
-    {"--max-grad-norm", "max_grad_norm"},
-    {"--optimizer", "optimizer"},
-    {"--lr", "lr"},
-    {"--lr-schedule", "lr_schedule"},
-    {"--warmup-steps", "warmup_steps"},
-    {"--min-lr-ratio", "min_lr_ratio"},
-    {"--weight-decay", "weight_decay"},
-    {"--adam-beta1", "adam_beta1"},
-    {"--adam-beta2", "adam_beta2"},
-    {"--adam-eps", "adam_eps"},
-    {"--momentum", "momentum"},
-    {"--no-shuffle", "shuffle"},
-    {"--full", "lora"},
-    {"--lora-rank", "lora"},
-    {"--lora-alpha", "lora"},
-    {"--lora-targets", "lora"},
-    {"--rslora", "lora"},
-    {"--lora-init", "lora"},
 };
 
 bool given(const CLI::App& cmd, const std::string& flag) { return cmd.count(flag) > 0; }
@@ -226,8 +186,10 @@ TrainConfig resumed_config(const TrainConfig& from_flags, const std::string& che
                            const CLI::App& cmd) {
   json saved = read_checkpoint_config(checkpoint).to_json();
   const json mine = from_flags.to_json();
-  for (const auto& [flag, key] : kRunFlags) {
-    if (given(cmd, flag)) saved[key] = mine.at(key);
+  for (const RunField& f : run_fields()) {
+    for (const std::string& flag : f.flags) {
+      if (given(cmd, flag)) saved[f.key] = mine.at(f.key);
+    }
   }
   return TrainConfig::from_json(saved, checkpoint + "/" + kTrainerStateFile);
 }

@@ -11,6 +11,7 @@
 #include "tiermoe/model/memory_estimate.h"
 #include "tiermoe/moe/moe_layer.h"
 #include "tiermoe/remat/policy.h"
+#include "tiermoe/train/run_fields.h"
 #include "tiermoe/train/sft_data.h"
 
 namespace tiermoe {
@@ -49,105 +50,18 @@ void TrainConfig::validate() const {
 }
 
 json TrainConfig::to_json() const {
-  const TrainerOptions& t = trainer;
-  json j = {
-      {"model", model_dir},
-      {"preset", preset},
-      {"layers", layers ? json(*layers) : json(nullptr)},
-      {"dtype", dtype_name(dtype)},
-      {"seed", seed},
-      {"data", data_file},
-      {"pack", pack},
-      {"lm_head_chunk", lm_head_chunk},
-      {"corpus_tokens", corpus_tokens},
-      {"remat", remat},
-      {"absorb_scores", absorb},
-      {"experts", experts ? json(std::string(quant_format_name(*experts))) : json(nullptr)},
-      {"experts_group", experts_group},
-      {"dequantize", dequantize},
-      {"steps", t.steps},
-      {"batch", t.batch},
-      {"seq_len", t.seq_len},
-      {"grad_accum", t.grad_accum},
-      {"max_grad_norm", t.max_grad_norm},
-      {"optimizer", optimizer_kind_name(t.optimizer)},
-      {"lr", t.schedule.base_lr},
-      {"lr_schedule", t.schedule.kind == LrScheduleKind::cosine ? "cosine" : "constant"},
-      {"warmup_steps", t.schedule.warmup_steps},
-      {"min_lr_ratio", t.schedule.min_lr_ratio},
-      {"weight_decay",
-       t.optimizer == OptimizerKind::adamw ? t.adamw.weight_decay : t.sgd.weight_decay},
-      {"adam_beta1", t.adamw.beta1},
-      {"adam_beta2", t.adamw.beta2},
-      {"adam_eps", t.adamw.eps},
-      {"momentum", t.sgd.momentum},
-      {"shuffle", t.shuffle},
-  };
-  if (lora) {
-    j["lora"] = {{"rank", lora->rank},
-                 {"alpha", lora->alpha},
-                 {"rslora", lora->rslora},
-                 {"targets", std::vector<std::string>(lora->targets.begin(), lora->targets.end())},
-                 {"layers", std::vector<int64_t>(lora->layers.begin(), lora->layers.end())},
-                 {"init", lora_init}};
-  } else {
-    j["lora"] = nullptr;
-  }
+  json j = json::object();
+  for (const RunField& f : run_fields()) j[f.key] = f.get(*this);
   return j;
 }
 
 TrainConfig TrainConfig::from_json(const json& j, const std::string& where) {
   try {
     TrainConfig c;
-    c.model_dir = j.at("model").get<std::string>();
-    c.preset = j.at("preset").get<std::string>();
-    if (!j.at("layers").is_null()) c.layers = j.at("layers").get<int64_t>();
-    c.dtype = parse_dtype(j.at("dtype").get<std::string>(), where);
-    c.seed = j.at("seed").get<uint64_t>();
-    c.data_file = j.at("data").get<std::string>();
-    c.pack = j.value("pack", true);  // runs saved before SFT data existed packed nothing
-    c.lm_head_chunk = j.value("lm_head_chunk", kDefaultLmHeadChunk);
-    c.corpus_tokens = j.at("corpus_tokens").get<int64_t>();
-    c.remat = j.at("remat").get<std::string>();
-    c.absorb = j.at("absorb_scores").get<std::string>();
-    // Runs saved before quantized experts existed kept them in the dtype.
-    if (j.contains("experts") && !j.at("experts").is_null()) {
-      c.experts = parse_quant_format(j.at("experts").get<std::string>(), where);
+    for (const RunField& f : run_fields()) {
+      f.set(c, !j.contains(f.key) && f.absent ? *f.absent : j.at(f.key), where);
     }
-    c.experts_group = j.value("experts_group", int64_t(128));
-    c.dequantize = j.value("dequantize", false);
-    TrainerOptions& t = c.trainer;
-    t.steps = j.at("steps").get<int64_t>();
-    t.batch = j.at("batch").get<int64_t>();
-    t.seq_len = j.at("seq_len").get<int64_t>();
-    t.grad_accum = j.at("grad_accum").get<int64_t>();
-    t.max_grad_norm = j.at("max_grad_norm").get<double>();
-    t.optimizer = parse_optimizer_kind(j.at("optimizer").get<std::string>());
-    t.schedule.base_lr = j.at("lr").get<double>();
-    t.schedule.kind = parse_lr_schedule(j.at("lr_schedule").get<std::string>());
-    t.schedule.warmup_steps = j.at("warmup_steps").get<int64_t>();
-    t.schedule.min_lr_ratio = j.at("min_lr_ratio").get<double>();
-    t.adamw.weight_decay = t.sgd.weight_decay = j.at("weight_decay").get<double>();
-    t.adamw.beta1 = j.at("adam_beta1").get<double>();
-    t.adamw.beta2 = j.at("adam_beta2").get<double>();
-    t.adamw.eps = j.at("adam_eps").get<double>();
-    t.sgd.momentum = j.at("momentum").get<double>();
-    t.shuffle = j.at("shuffle").get<bool>();
-    t.data_seed = c.seed;
-    if (const json& l = j.at("lora"); !l.is_null()) {
-      LoraConfig lc;
-      lc.rank = l.at("rank").get<int64_t>();
-      lc.alpha = l.at("alpha").get<double>();
-      lc.rslora = l.at("rslora").get<bool>();
-      const auto targets = l.at("targets").get<std::vector<std::string>>();
-      lc.targets = {targets.begin(), targets.end()};
-      if (l.contains("layers")) {  // checkpoints before layers_to_transform: every layer
-        const auto layers = l.at("layers").get<std::vector<int64_t>>();
-        lc.layers = {layers.begin(), layers.end()};
-      }
-      c.lora = lc;
-      c.lora_init = l.at("init").get<std::string>();
-    }
+    c.trainer.data_seed = c.seed;
     c.validate();
     return c;
   } catch (const json::exception& e) {
