@@ -316,7 +316,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const int64_t lora_dense_per_layer = dense_layers ? lora_dense_modules / dense_layers : 0;
   const int64_t lora_shared_per_layer = moe_layers ? lora_shared_modules / moe_layers : 0;
   // The shared expert (region `shared`) keeps its record or replays it in backward.
-  const bool shared_kept = RematPolicy::parse(cfg.remat, "--remat").saves(MoeRegion::shared);
+  const RematPolicy remat = RematPolicy::parse(cfg.remat, "--remat");
+  const bool shared_kept = remat.saves(MoeRegion::shared);
   const int64_t lora_shared_kept = shared_kept ? lora_shared_per_layer : 0;
   size_t kept = 0;
   for (int64_t l = 0; l < layers; ++l) {
@@ -424,9 +425,9 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   if (moe_layers) {
     const AbsorbScores absorb = parse_absorb_scores(cfg.absorb, "--absorb-scores");
     const bool absorbed = absorb != AbsorbScores::off;  // no TierMoE model has a postprocess
-    const MoeRematPlan rp = MoeRematPlan::make(
-        RematPolicy::parse(cfg.remat, "--remat").moe_keep(), absorbed,
-        /*weight_grads=*/!lora, /*post_norm=*/false, ExpertAdapted{lora_w13, lora_w2});
+    const MoeRematPlan rp = MoeRematPlan::make(remat.moe_keep(), absorbed,
+                                               /*weight_grads=*/!lora, /*post_norm=*/false,
+                                               ExpertAdapted{lora_w13, lora_w2});
     const MoeSavedBytes m = moe_saved(z, rp, absorbed, lora_w13, lora_w2);
     at(p, MemTag::saved) = size_t(moe_layers) * m.kept + m.replay;
   }
