@@ -216,27 +216,14 @@ std::vector<ModelParam> CausalLM::params() {
   return out;
 }
 
+// The same walk as params() and lora_params(), so every gradient they list
+// is zeroed and nothing else is. A trainable weight's gradient is allocated
+// here if no backward has yet (the next backward would).
 void CausalLM::zero_grad() {
-  embed_.zero_grad();
-  for (auto& layer : layers_) {
-    layer->input_layernorm().zero_grad();
-    layer->post_attention_layernorm().zero_grad();
-    for (auto& [suffix, w] : layer->attention().weights()) w->zero_grad();
-    if (DenseMlp* mlp = layer->dense_mlp()) {
-      mlp->w13().zero_grad();
-      mlp->down().zero_grad();
-    } else {
-      layer->moe()->zero_grad();
-    }
-    if (SharedExpert* shared = layer->shared_expert()) {
-      shared->mlp().w13().zero_grad();
-      shared->mlp().down().zero_grad();
-      if (shared->gated()) shared->gate().zero_grad();
-    }
-    for (LoraAdapter* a : layer->lora_adapters()) a->zero_grad();
+  for (ModelParam& p : params()) {
+    if (p.grad.defined()) p.grad.zero();
   }
-  norm_.zero_grad();
-  lm_head_.zero_grad();
+  for (ModelParam& p : lora_params()) p.grad.zero();
 }
 
 void CausalLM::check_trainable(std::string_view name) const {

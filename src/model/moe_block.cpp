@@ -108,10 +108,9 @@ void MoeBlock::enable_lora(const LoraConfig& config, Rng& rng) {
   experts_.set_adapter(hook_.get());
 }
 
-void MoeBlock::zero_grad() {
-  router_.zero_grad();
-  if (experts_.has_grads()) experts_.zero_grad();
-  if (lora_) lora_->zero_grad();
+void MoeBlock::set_router_requires_grad(bool on) {
+  router_grad_ = on;
+  if (!on) router_.zero_grad();  // nothing stale if it trains again
 }
 
 Tensor MoeBlock::forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads) {

@@ -62,11 +62,10 @@ class MoeBlock {
   ExpertLora* lora() { return lora_.get(); }
   bool router_requires_grad() const { return router_grad_; }
   bool experts_requires_grad() const { return experts_grad_; }
-  void set_router_requires_grad(bool on) { router_grad_ = on; }
+  void set_router_requires_grad(bool on);
   // Frozen experts: the MoE forward keeps only what dx needs and backward
   // computes dx only; their gradients are dropped.
   void set_experts_requires_grad(bool on);
-  void zero_grad();
 
  private:
   Router router_;
