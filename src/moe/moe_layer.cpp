@@ -36,7 +36,6 @@ namespace {
 
 // The region a record's tensor belongs to (the table in moe_layer.h).
 MoeRegion region_of(const SavedTensors& record, const MoeSaved& saved, const std::string& name) {
-  if (&record == &saved.shared) return MoeRegion::shared;
   if (&record != &saved.layer) {  // a routed segment's
     if (name == "x_ND") return MoeRegion::dispatch;
     if (name == "h_N2F" || name == "lora_gate_NR" || name == "lora_up_NR") return MoeRegion::w13;
@@ -62,7 +61,6 @@ std::vector<MoeSavedItem> MoeSaved::items() const {
   std::vector<Tensor> seen;
   std::vector<const SavedTensors*> records = {&layer};
   for (const SavedTensors& r : routed) records.push_back(&r);
-  records.push_back(&shared);
   for (const SavedTensors* record : records) {
     for (const auto& [name, t] : record->entries()) {
       // The same tensor saved twice counts once; the routed segments' rows
@@ -98,7 +96,6 @@ size_t MoeSaved::bytes() const {
 void MoeSaved::clear() {
   layer.clear();
   routed.clear();
-  shared.clear();
   routing = Routing();
   plan = DispatchPlan();
   exchange = ExpertExchange();
@@ -107,12 +104,8 @@ void MoeSaved::clear() {
 }
 
 MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatcher,
-                   ExpertExecutor& experts, ExpertExecutor* shared_experts)
-    : cfg_(std::move(cfg)),
-      router_(router),
-      dispatcher_(&dispatcher),
-      experts_(&experts),
-      shared_(shared_experts) {
+                   ExpertExecutor& experts)
+    : cfg_(std::move(cfg)), router_(router), dispatcher_(&dispatcher), experts_(&experts) {
   const std::string& where = cfg_.name;
   absorbed_ = resolve_absorb_scores(cfg_.absorb_scores, experts.has_output_postprocess(), where);
   if (router_) {
@@ -129,15 +122,6 @@ MoeLayer::MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatc
                   "router dtype " + std::string(dtype_name(router_->dtype())) +
                       " differs from the experts' " + std::string(dtype_name(experts.dtype())),
                   where, "one compute dtype per run");
-  }
-  if (shared_) {
-    TIERMOE_CHECK(shared_->hidden() == experts.hidden() && shared_->dtype() == experts.dtype() &&
-                      shared_->num_experts() == 1,
-                  "shared experts must be one dense MLP with the routed experts' D and dtype",
-                  where, "build them as GroupedExperts with num_experts = 1 (its ffn is free)");
-    TIERMOE_CHECK(!shared_->has_output_postprocess(),
-                  "shared experts with an output postprocess are not supported", where,
-                  "drop post_norm from the shared experts");
   }
 }
 
@@ -196,7 +180,6 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   MemoryTracker& mem = tracker();
   saved.clear();
   saved.layer = SavedTensors(cfg_.name, mem);
-  saved.shared = SavedTensors(cfg_.name + ".shared", mem);
   saved.absorbed = absorbed_;
   saved.weight_grads = weight_grads;
   const ExpertAdapted adapted = adapter_grads ? experts_->adapted() : ExpertAdapted{};
@@ -240,17 +223,6 @@ Tensor MoeLayer::forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, b
   Tensor out_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
   combine_forward(out_TD, y_ND, plan, absorbed_);
   counters_.count_run(MoeRegion::combine);
-  if (shared_) {
-    part.emplace(times_, StepPart::experts);
-    Tensor ys_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem);
-    shared_->forward(ys_TD, x_TD, {0, T}, Tensor(), saved.shared, saved.remat.shared_keep);
-    counters_.count_run(MoeRegion::shared);
-    visit_dtype(dt, [&]<class T_>() {
-      T_* o = out_TD.data<T_>();
-      const T_* s = ys_TD.data<T_>();
-      for (int64_t i = 0; i < T * D; ++i) o[i] = store<T_>(load<T_>(o[i]) + load<T_>(s[i]));
-    });
-  }
 
   // Kept for backward: the routing decision and the plan, always. With
   // absorbed scores combine is a plain sum and its backward needs only the
@@ -299,13 +271,6 @@ void MoeLayer::replay_routed(std::vector<SavedTensors>& routed, const MoeSaved& 
   if (rp.routed_replay.w13) counters_.count_replay(MoeRegion::w13);
   if (rp.routed_replay.act) counters_.count_replay(MoeRegion::act);
   if (rp.routed_replay.w2) counters_.count_replay(MoeRegion::w2);
-}
-
-void MoeLayer::replay_shared(SavedTensors& shared, const MoeSaved& saved) {
-  if (!saved.remat.shared_replay.any()) return;
-  const Tensor& x_TD = saved.layer.get("x_TD");
-  shared_->replay(shared, x_TD, {0, x_TD.size(0)}, Tensor(), saved.remat.shared_replay);
-  counters_.count_replay(MoeRegion::shared);
 }
 
 Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
@@ -362,19 +327,6 @@ Tensor MoeLayer::backward(Tensor& dx_TD, const Tensor& dout_TD, MoeSaved& saved,
   }
   if (exchanges) counters_.count_backward_exchange(MoeRegion::dispatch);
   permute_backward(dx_TD, dx_ND, plan, accumulate);
-  if (shared_) {
-    part.emplace(times_, StepPart::experts);
-    SavedTensors shared = saved.shared;
-    replay_shared(shared, saved);
-    Tensor dxs_TD = Tensor::empty({T, D}, dt, MemTag::activations, mem), none;
-    shared_->backward(dxs_TD, none, dout_TD, {0, T}, Tensor(), shared, saved.weight_grads,
-                      /*adapter_grads=*/false);
-    visit_dtype(dt, [&]<class T_>() {
-      T_* o = dx_TD.data<T_>();
-      const T_* s = dxs_TD.data<T_>();
-      for (int64_t i = 0; i < T * D; ++i) o[i] = store<T_>(load<T_>(o[i]) + load<T_>(s[i]));
-    });
-  }
   // route
   part.emplace(times_, StepPart::router);
   Tensor dweights_TK = Tensor::zeros({T, plan.K}, score_N.dtype(), MemTag::activations, mem);

@@ -53,8 +53,7 @@ void expert_ref(std::vector<acc_t<T>>& y, const T* x, const GroupedExperts& ex, 
 }  // namespace
 
 void moe_ref_forward(Tensor& out_TD, const Tensor& x_TD, const std::vector<int32_t>& ids_TK,
-                     const Tensor& weights_TK, const GroupedExperts& experts,
-                     const GroupedExperts* shared_experts) {
+                     const Tensor& weights_TK, const GroupedExperts& experts) {
   const int64_t T = x_TD.size(0), D = experts.config().hidden, K = weights_TK.size(1);
   check_shape(x_TD, {T, D}, "moe_ref_forward: x_TD");
   check_shape(out_TD, {T, D}, "moe_ref_forward: out_TD");
@@ -72,11 +71,6 @@ void moe_ref_forward(Tensor& out_TD, const Tensor& x_TD, const std::vector<int32
         expert_ref<T_>(y, x + t * D, experts, ids_TK[size_t(t * K + k)]);
         A w = A(weights_TK.get(t * K + k));
         for (int64_t d = 0; d < D; ++d) sum[size_t(d)] += w * y[size_t(d)];
-      }
-      if (shared_experts) {
-        for (int64_t d = 0; d < D; ++d) sum[size_t(d)] = round_to<T_>(sum[size_t(d)]);
-        expert_ref<T_>(y, x + t * D, *shared_experts, 0);
-        for (int64_t d = 0; d < D; ++d) sum[size_t(d)] += y[size_t(d)];
       }
       for (int64_t d = 0; d < D; ++d) out[t * D + d] = store<T_>(sum[size_t(d)]);
     }

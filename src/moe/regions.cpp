@@ -45,13 +45,6 @@ MoeRematPlan MoeRematPlan::make(const MoeRegionKeep& keep, bool absorbed, bool w
   p.routed_keep.w2 = read_w2 && keep[MoeRegion::w2];
   p.routed_keep.lora_w13 = adapted.w13 && keep[MoeRegion::w13];
   p.routed_keep.lora_w2 = read_lora_w2 && keep[MoeRegion::w2];
-
-  // The shared experts are one region over the layer input x_TD, which the
-  // router keeps anyway; their scores are never absorbed (and no postprocess).
-  const bool shared_kept = keep[MoeRegion::shared];
-  p.shared_keep =
-      ExpertSaves{weight_grads, shared_kept, shared_kept && weight_grads, false, false, false};
-  p.shared_replay = ExpertStages{!shared_kept, !shared_kept && weight_grads, false};
   return p;
 }
 
@@ -61,7 +54,7 @@ bool MoeRematPlan::replays(MoeRegion r) const {
     case MoeRegion::w13: return routed_replay.w13;
     case MoeRegion::act: return routed_replay.act;
     case MoeRegion::w2: return routed_replay.w2;
-    case MoeRegion::shared: return shared_replay.any();
+    case MoeRegion::shared:  // the model's SharedExpert reads it, not this plan
     case MoeRegion::router:
     case MoeRegion::combine: return false;
   }

@@ -132,14 +132,12 @@ class EpLayer : public ::testing::TestWithParam<Case> {
   static RankResults one_rank(const Case& c, int P, int me) {
     auto base = rig(c, 0);
     LocalDispatcher local;
-    MoeLayer layer(layer_config(c), base->router.get(), local, *base->host,
-                   base->host_shared.get());
+    MoeLayer layer(layer_config(c), base->router.get(), local, *base->host);
     base->zero_grad();
     RankResults out;
     for (int r = 0; r < P; ++r) {
       auto mb = rig(c, r);
       base->router->zero_grad();
-      if (base->shared) base->shared->zero_grad();
       MoeSaved saved;
       Tensor y = layer.forward(mb->x_TD, saved, c.weight_grads);
       Tensor dx = Tensor::empty(mb->x_TD.shape(), c.dtype);
@@ -148,11 +146,6 @@ class EpLayer : public ::testing::TestWithParam<Case> {
       out.per_batch["out"] = y;
       out.per_batch["dx"] = dx;
       out.per_batch["router.weight"] = base->router->grad("weight").clone();
-      if (base->shared && c.weight_grads) {
-        for (const auto& n : base->shared->param_names()) {
-          out.per_batch["shared." + n] = base->shared->grad(n).clone();
-        }
-      }
     }
     if (c.weight_grads) {
       const int64_t El = kE / P;
@@ -172,7 +165,7 @@ class EpLayer : public ::testing::TestWithParam<Case> {
     auto local = expert_slice(*mine->experts, El * me, El);
     HostExperts host(*local);
     SpoiledDispatcher dispatcher(comm, spoil);
-    MoeLayer layer(layer_config(c), mine->router.get(), dispatcher, host, mine->host_shared.get());
+    MoeLayer layer(layer_config(c), mine->router.get(), dispatcher, host);
     mine->zero_grad();
     local->zero_grad();
     const CommStats before = comm.stats();
@@ -186,11 +179,6 @@ class EpLayer : public ::testing::TestWithParam<Case> {
     out.per_batch["out"] = y;
     out.per_batch["dx"] = dx;
     out.per_batch["router.weight"] = mine->router->grad("weight").clone();
-    if (mine->shared && c.weight_grads) {
-      for (const auto& n : mine->shared->param_names()) {
-        out.per_batch["shared." + n] = mine->shared->grad(n).clone();
-      }
-    }
     if (c.weight_grads) {
       for (const auto& n : local->param_names()) out.experts[n] = local->grad(n).clone();
     }
@@ -254,7 +242,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{AbsorbScores::off, true, Variant::swiglu, false, DType::f64},
                       Case{AbsorbScores::on, false, Variant::swiglu, false, DType::f32},
                       Case{AbsorbScores::on, true, Variant::swiglu, true, DType::f32},
-                      Case{AbsorbScores::off, true, Variant::swiglu_shared, true, DType::f64},
+                      Case{AbsorbScores::off, true, Variant::swiglu, true, DType::f64},
                       Case{AbsorbScores::on, true, Variant::gpt_oss_bias, false, DType::f32},
                       Case{AbsorbScores::off, true, Variant::post_norm, true, DType::f64}),
     case_name);

@@ -31,11 +31,11 @@ inline const char* router_name(RouterKind k) {
 }
 
 struct LayerRig {
-  static constexpr int64_t T = 10, D = 6, F = 5, E = 8, K = 2, Fs = 4;
+  static constexpr int64_t T = 10, D = 6, F = 5, E = 8, K = 2;
   DType dtype;
   std::unique_ptr<Router> router;
-  std::unique_ptr<GroupedExperts> experts, shared;
-  std::unique_ptr<HostExperts> host, host_shared;
+  std::unique_ptr<GroupedExperts> experts;
+  std::unique_ptr<HostExperts> host;
   Tensor x_TD, P_TD;  // input and the loss projection
 
   LayerRig(RouterKind kind, Variant v, DType dt, uint64_t seed = 1,
@@ -47,12 +47,6 @@ struct LayerRig {
     experts = std::make_unique<GroupedExperts>(experts_config(v, E, D, F, kernels), dt);
     fill_experts(*experts, rng);
     host = std::make_unique<HostExperts>(*experts);
-    if (v == Variant::swiglu_shared) {
-      shared = std::make_unique<GroupedExperts>(experts_config(Variant::swiglu, 1, D, Fs, kernels),
-                                                dt, "shared");
-      fill_experts(*shared, rng);
-      host_shared = std::make_unique<HostExperts>(*shared);
-    }
     x_TD = random_tensor({tokens, D}, dt, rng);
     P_TD = random_tensor({tokens, D}, dt, rng);
   }
@@ -62,13 +56,12 @@ struct LayerRig {
     MoeLayerConfig c;
     c.absorb_scores = absorb;
     c.tracker = tracker;
-    return MoeLayer(c, router.get(), d, routed ? *routed : *host, host_shared.get());
+    return MoeLayer(c, router.get(), d, routed ? *routed : *host);
   }
 
   void zero_grad() {
     router->zero_grad();
     experts->zero_grad();
-    if (shared) shared->zero_grad();
   }
 
   // out, loss, dx and every parameter grad, by name (clones).
@@ -86,9 +79,6 @@ struct LayerRig {
       if (router->has_grad(n)) r["router." + n] = router->grad(n).clone();
     }
     for (const auto& n : experts->param_names()) r["experts." + n] = experts->grad(n).clone();
-    if (shared) {
-      for (const auto& n : shared->param_names()) r["shared." + n] = shared->grad(n).clone();
-    }
     return r;
   }
 };

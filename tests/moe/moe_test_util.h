@@ -20,13 +20,12 @@ inline void fill_experts(GroupedExperts& ex, Rng& rng, double scale = 0.5) {
   }
 }
 
-enum class Variant { swiglu, gpt_oss_bias, swiglu_shared, post_norm };
+enum class Variant { swiglu, gpt_oss_bias, post_norm };
 
 inline const char* variant_name(Variant v) {
   switch (v) {
     case Variant::swiglu: return "swiglu";
     case Variant::gpt_oss_bias: return "gpt_oss_bias";
-    case Variant::swiglu_shared: return "swiglu_shared";
     case Variant::post_norm: return "post_norm";
   }
   return "?";

@@ -10,7 +10,7 @@ using testing::LayerRig;
 using testing::Variant;
 
 // d loss / d every parameter and x of the whole layer (route, dispatch,
-// compute, combine, shared experts) against f64 central differences.
+// compute, combine) against f64 central differences.
 void check_layer_fd(RouterKind kind, Variant v, AbsorbScores absorb) {
   SCOPED_TRACE(std::string(testing::router_name(kind)) + " " + testing::variant_name(v) + " " +
                std::string(absorb_scores_name(absorb)));
@@ -33,19 +33,13 @@ void check_layer_fd(RouterKind kind, Variant v, AbsorbScores absorb) {
     EXPECT_TRUE(testing::fd_check(loss, rig.experts->param(n), got.at("experts." + n),
                                   "experts." + n, 1e-6, 1e-8, 40));
   }
-  if (rig.shared) {
-    for (const auto& n : rig.shared->param_names()) {
-      EXPECT_TRUE(testing::fd_check(loss, rig.shared->param(n), got.at("shared." + n),
-                                    "shared." + n, 1e-6, 1e-8, 40));
-    }
-  }
 }
 
 TEST(MoeLayer, GradientsMatchFiniteDifferences) {
   check_layer_fd(RouterKind::softmax_topk, Variant::swiglu, AbsorbScores::on);
   check_layer_fd(RouterKind::softmax_topk, Variant::swiglu, AbsorbScores::off);
   check_layer_fd(RouterKind::gpt_oss, Variant::gpt_oss_bias, AbsorbScores::on);
-  check_layer_fd(RouterKind::deepseek_v3, Variant::swiglu_shared, AbsorbScores::on);
+  check_layer_fd(RouterKind::deepseek_v3, Variant::swiglu, AbsorbScores::on);
   check_layer_fd(RouterKind::softmax_topk, Variant::post_norm, AbsorbScores::automatic);
 }
 
@@ -59,8 +53,7 @@ TEST(MoeLayer, MatchesTheReferenceLoop) {
   // bf16: both round h, a, y to bf16; a GEMM summing in another order can
   // flip one rounding by 1 bf16 ulp (2^-8), which then propagates.
   for (Case c : {Case{DType::f64, 1e-12}, Case{DType::f32, 1e-5}, Case{DType::bf16, 3e-2}}) {
-    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias, Variant::swiglu_shared,
-                      Variant::post_norm}) {
+    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias, Variant::post_norm}) {
       for (AbsorbScores a : {AbsorbScores::automatic, AbsorbScores::off}) {
         RouterKind kind = v == Variant::gpt_oss_bias ? RouterKind::gpt_oss : RouterKind::softmax_topk;
         LayerRig rig(kind, v, c.dt, 53);
@@ -70,7 +63,7 @@ TEST(MoeLayer, MatchesTheReferenceLoop) {
         Tensor out = layer.forward(rig.x_TD, saved);
         Tensor want = Tensor::empty(out.shape(), c.dt);
         moe_ref_forward(want, rig.x_TD, saved.routing.ids_TK, saved.routing.weights_TK,
-                        *rig.experts, rig.shared.get());
+                        *rig.experts);
         EXPECT_TRUE(testing::close_scaled(out, want, c.rtol,
                                           std::string(dtype_name(c.dt)) + " " +
                                               testing::variant_name(v) + " absorb " +
@@ -87,7 +80,7 @@ TEST(MoeLayer, MatchesTheReferenceLoop) {
 TEST(MoeLayer, AbsorptionSavesExactlyTheW2Output) {
   for (DType dt : {DType::f64, DType::f32, DType::bf16}) {
     for (bool weight_grads : {true, false}) {
-      LayerRig rig(RouterKind::softmax_topk, Variant::swiglu_shared, dt, 61);
+      LayerRig rig(RouterKind::softmax_topk, Variant::swiglu, dt, 61);
       PaddedDispatcher disp = PaddedDispatcher::to_ladder({4, 8});
       size_t saved_bytes[2] = {0, 0};
       int64_t N = 0;
@@ -113,7 +106,7 @@ TEST(MoeLayer, AbsorptionSavesExactlyTheW2Output) {
 }
 
 TEST(MoeLayer, SavedItemsNameEveryTensorByRegionOnce) {
-  LayerRig rig(RouterKind::softmax_topk, Variant::swiglu_shared, DType::f32, 3);
+  LayerRig rig(RouterKind::softmax_topk, Variant::swiglu, DType::f32, 3);
   LocalDispatcher disp;
   MoeLayer layer = rig.layer(AbsorbScores::automatic, disp);
   MoeSaved saved;
@@ -130,12 +123,9 @@ TEST(MoeLayer, SavedItemsNameEveryTensorByRegionOnce) {
   const size_t N = size_t(saved.plan.N), E = size_t(LayerRig::E);
   EXPECT_EQ(index_bytes, 2 * N * 4 + (2 * E + 1) * 8 + N * 8);
   for (const char* want : {"router.x_TD", "router.weights_TK", "dispatch.x_ND", "w13.h_N2F",
-                           "act.a_NF", "w2.score_N", "combine.row_TK", "shared.h_N2F",
-                           "shared.a_NF"}) {
+                           "act.a_NF", "w2.score_N", "combine.row_TK"}) {
     EXPECT_EQ(std::count(names.begin(), names.end(), want), 1) << want;
   }
-  // The shared experts' input is the router's x_TD: listed once, not twice.
-  EXPECT_EQ(std::count(names.begin(), names.end(), "shared.x_ND"), 0);
   EXPECT_EQ(std::count(names.begin(), names.end(), "combine.y_ND"), 0);
 }
 

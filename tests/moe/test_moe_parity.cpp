@@ -93,8 +93,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(0, 1, 2),
                        ::testing::Values(RouterKind::softmax_topk, RouterKind::deepseek_v3,
                                          RouterKind::gpt_oss),
-                       ::testing::Values(Variant::swiglu, Variant::gpt_oss_bias,
-                                         Variant::swiglu_shared)),
+                       ::testing::Values(Variant::swiglu, Variant::gpt_oss_bias)),
     [](const auto& info) {
       return std::string(dispatcher_label(std::get<0>(info.param))) + "_" +
              testing::router_name(std::get<1>(info.param)) + "_" +
@@ -107,7 +106,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(DispatchInvariance, LocalAndPaddedAreBitwiseEqual) {
   for (KernelSet kernels : {KernelSet::ref, KernelSet::cpu})
   for (DType dt : {DType::f64, DType::f32}) {
-    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias, Variant::swiglu_shared}) {
+    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias}) {
       for (AbsorbScores a : {AbsorbScores::on, AbsorbScores::off}) {
         LayerRig rig(RouterKind::softmax_topk, v, dt, 29, kernels);
         LocalDispatcher local;

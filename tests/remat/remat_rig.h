@@ -11,7 +11,7 @@ inline MoeLayer remat_layer(LayerRig& rig, AbsorbScores absorb, const Dispatcher
   c.absorb_scores = absorb;
   c.tracker = tracker;
   c.keep = policy.moe_keep();
-  return MoeLayer(c, rig.router.get(), d, *rig.host, rig.host_shared.get());
+  return MoeLayer(c, rig.router.get(), d, *rig.host);
 }
 
 }  // namespace tiermoe::testing

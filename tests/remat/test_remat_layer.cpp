@@ -21,39 +21,34 @@ struct ReplayCase {
   Variant variant;
   AbsorbScores absorb;
   bool weight_grads;
-  int dispatch, w13, act, w2, shared;
+  int dispatch, w13, act, w2;
 };
 const ReplayCase kReplayCases[] = {
-    // policy          variant                 absorb wg     disp w13 act w2 shared
-    {"none",           Variant::swiglu,        kOn,  true,  0, 0, 0, 0, 0},
-    {"none",           Variant::post_norm,     kOff, true,  0, 0, 0, 0, 0},
-    {"none",           Variant::swiglu_shared, kOn,  false, 0, 0, 0, 0, 0},
-    {"full",           Variant::swiglu,        kOn,  true,  1, 1, 1, 0, 0},
-    {"full",           Variant::swiglu,        kOn,  false, 1, 1, 1, 0, 0},
-    {"full",           Variant::swiglu,        kOff, true,  1, 1, 1, 0, 0},
-    {"full",           Variant::swiglu,        kOff, false, 1, 1, 0, 0, 0},  // nothing reads a_NF
-    {"full",           Variant::post_norm,     kOff, true,  1, 1, 1, 1, 0},
-    {"full",           Variant::post_norm,     kOff, false, 1, 1, 1, 1, 0},  // w2 replay reads a
-    {"full",           Variant::swiglu_shared, kOn,  true,  1, 1, 1, 0, 1},
-    {"default",        Variant::swiglu,        kOn,  true,  1, 0, 0, 0, 0},
-    {"default",        Variant::swiglu,        kOn,  false, 0, 0, 0, 0, 0},
-    {"default",        Variant::swiglu,        kOff, true,  1, 0, 0, 0, 0},
-    {"default",        Variant::post_norm,     kOff, false, 0, 0, 0, 0, 0},
-    {"default",        Variant::swiglu_shared, kOn,  true,  1, 0, 0, 0, 0},
-    {"save-w2-only",   Variant::swiglu,        kOn,  true,  1, 1, 1, 0, 0},
-    {"save-w2-only",   Variant::swiglu,        kOff, false, 1, 1, 0, 0, 0},
-    {"save-w2-only",   Variant::post_norm,     kOff, true,  1, 1, 1, 0, 0},
-    {"save-w2-only",   Variant::post_norm,     kOff, false, 1, 1, 0, 0, 0},
-    {"save-w2-only",   Variant::swiglu_shared, kOn,  false, 1, 1, 1, 0, 1},
-    {"save:w13,w2",    Variant::swiglu,        kOn,  true,  1, 0, 1, 0, 0},
-    {"save:w13,w2",    Variant::swiglu,        kOn,  false, 0, 0, 1, 0, 0},
-    {"save:w13,w2",    Variant::swiglu,        kOff, false, 0, 0, 0, 0, 0},
-    {"save:w13,w2",    Variant::post_norm,     kOff, true,  1, 0, 1, 0, 0},
-    {"save:dispatch",  Variant::swiglu,        kOn,  true,  0, 1, 1, 0, 0},
-    {"save:dispatch",  Variant::swiglu,        kOff, false, 0, 1, 0, 0, 0},
-    {"save:act",       Variant::swiglu,        kOn,  false, 1, 1, 0, 0, 0},
-    {"save:act",       Variant::post_norm,     kOff, false, 1, 1, 0, 1, 0},
-    {"save:shared",    Variant::swiglu_shared, kOn,  true,  1, 1, 1, 0, 0},
+    // policy          variant                 absorb wg     disp w13 act w2
+    {"none",           Variant::swiglu,        kOn,  true,  0, 0, 0, 0},
+    {"none",           Variant::post_norm,     kOff, true,  0, 0, 0, 0},
+    {"full",           Variant::swiglu,        kOn,  true,  1, 1, 1, 0},
+    {"full",           Variant::swiglu,        kOn,  false, 1, 1, 1, 0},
+    {"full",           Variant::swiglu,        kOff, true,  1, 1, 1, 0},
+    {"full",           Variant::swiglu,        kOff, false, 1, 1, 0, 0},  // nothing reads a_NF
+    {"full",           Variant::post_norm,     kOff, true,  1, 1, 1, 1},
+    {"full",           Variant::post_norm,     kOff, false, 1, 1, 1, 1},  // w2 replay reads a
+    {"default",        Variant::swiglu,        kOn,  true,  1, 0, 0, 0},
+    {"default",        Variant::swiglu,        kOn,  false, 0, 0, 0, 0},
+    {"default",        Variant::swiglu,        kOff, true,  1, 0, 0, 0},
+    {"default",        Variant::post_norm,     kOff, false, 0, 0, 0, 0},
+    {"save-w2-only",   Variant::swiglu,        kOn,  true,  1, 1, 1, 0},
+    {"save-w2-only",   Variant::swiglu,        kOff, false, 1, 1, 0, 0},
+    {"save-w2-only",   Variant::post_norm,     kOff, true,  1, 1, 1, 0},
+    {"save-w2-only",   Variant::post_norm,     kOff, false, 1, 1, 0, 0},
+    {"save:w13,w2",    Variant::swiglu,        kOn,  true,  1, 0, 1, 0},
+    {"save:w13,w2",    Variant::swiglu,        kOn,  false, 0, 0, 1, 0},
+    {"save:w13,w2",    Variant::swiglu,        kOff, false, 0, 0, 0, 0},
+    {"save:w13,w2",    Variant::post_norm,     kOff, true,  1, 0, 1, 0},
+    {"save:dispatch",  Variant::swiglu,        kOn,  true,  0, 1, 1, 0},
+    {"save:dispatch",  Variant::swiglu,        kOff, false, 0, 1, 0, 0},
+    {"save:act",       Variant::swiglu,        kOn,  false, 1, 1, 0, 0},
+    {"save:act",       Variant::post_norm,     kOff, false, 1, 1, 0, 1},
 };
 
 TEST(RematLayer, ReplayCountsPerRegionFollowThePolicy) {
@@ -76,13 +71,11 @@ TEST(RematLayer, ReplayCountsPerRegionFollowThePolicy) {
       EXPECT_EQ(n.replay_count(MoeRegion::w13), pass * c.w13) << "pass " << pass;
       EXPECT_EQ(n.replay_count(MoeRegion::act), pass * c.act) << "pass " << pass;
       EXPECT_EQ(n.replay_count(MoeRegion::w2), pass * c.w2) << "pass " << pass;
-      EXPECT_EQ(n.replay_count(MoeRegion::shared), pass * c.shared) << "pass " << pass;
       EXPECT_EQ(n.run_count(MoeRegion::w2), 1 + pass * c.w2) << "pass " << pass;
       EXPECT_EQ(n.run_count(MoeRegion::combine), 1) << "pass " << pass;
       EXPECT_EQ(n.replay_count(MoeRegion::combine), 0);
       EXPECT_EQ(n.run_count(MoeRegion::router), 1);
       EXPECT_EQ(n.replay_count(MoeRegion::router), 0);
-      EXPECT_EQ(n.run_count(MoeRegion::shared), rig.shared ? 1 + pass * c.shared : 0);
     }
     // The plan the layer used says the same as the counters.
     for (MoeRegion r : {MoeRegion::dispatch, MoeRegion::w13, MoeRegion::act, MoeRegion::w2}) {
@@ -94,14 +87,12 @@ TEST(RematLayer, ReplayCountsPerRegionFollowThePolicy) {
   }
 }
 
-// Loss, output and every gradient (x, router, experts, biases, norms, shared
-// experts) under each policy equal the run without remat, bit for bit.
+// Loss, output and every gradient (x, router, experts, biases, norms) under each policy equal the run without remat, bit for bit.
 TEST(RematLayer, EveryPolicyIsBitwiseEqualToNoRemat) {
   const char* policies[] = {"full",          "default",  "save-w2-only", "save:w13,w2",
-                            "save:dispatch", "save:act", "save:shared",  "save:dispatch,w13"};
+                            "save:dispatch", "save:act", "save:dispatch,w13"};
   for (DType dt : {DType::f32, DType::bf16}) {
-    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias, Variant::swiglu_shared,
-                      Variant::post_norm}) {
+    for (Variant v : {Variant::swiglu, Variant::gpt_oss_bias, Variant::post_norm}) {
       RouterKind kind = v == Variant::gpt_oss_bias ? RouterKind::gpt_oss : RouterKind::softmax_topk;
       LayerRig rig(kind, v, dt, 29);
       PaddedDispatcher disp = PaddedDispatcher::to_ladder({2, 4, 8});

@@ -24,7 +24,7 @@ TEST(SavedTensorsReport, TotalsEqualTheTrackersSavedBytes) {
       for (bool wg : {true, false}) {
         SCOPED_TRACE(std::string(p) + " absorb " + std::string(absorb_scores_name(a)) +
                      " weight_grads " + std::to_string(wg));
-        LayerRig rig(RouterKind::softmax_topk, Variant::swiglu_shared, DType::bf16, 5);
+        LayerRig rig(RouterKind::softmax_topk, Variant::swiglu, DType::bf16, 5);
         PaddedDispatcher disp = PaddedDispatcher::to_multiple(4);
         MoeLayer layer = testing::remat_layer(rig, a, disp, RematPolicy::parse(p));
         Tensor x1 = rig.x_TD.clone(), x2 = rig.x_TD.clone();  // fresh: not yet tagged saved

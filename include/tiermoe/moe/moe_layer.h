@@ -1,8 +1,9 @@
 #pragma once
-// One MoE layer: route, dispatch, compute, combine (+ optional shared experts,
-// a dense MLP added to the output, DeepSeek-V3 style). Forward and backward;
-// the layer holds references to its parts and no per-step state: everything a
-// forward keeps for its backward lives in the MoeSaved it fills.
+// One MoE layer: route, dispatch, compute, combine. Forward and backward; the
+// layer holds references to its parts and no per-step state: everything a
+// forward keeps for its backward lives in the MoeSaved it fills. Shared
+// experts (DeepSeek-V3 style) are the model's (model/shared_expert.h), added
+// beside this layer's output.
 //
 // Router scores are either absorbed before W2 (combine is then a plain sum and
 // the W2 output is not kept) or applied in combine (post-combine: the W2
@@ -62,13 +63,12 @@ struct MoeSavedItem {
 //   routed  one record per source segment of the received rows (one
 //           without expert parallelism): x_ND (dispatch), h_N2F (w13), a_NF
 //           (act), ypre_ND, rstd_N (w2)
-//   shared  the shared experts' h_N2F, a_NF (their x_ND is x_TD)
 // Only what the remat plan keeps is there; backward rebuilds the rest.
 struct MoeSaved {
   Routing routing;
   DispatchPlan plan;
   ExpertExchange exchange;  // where the plan's rows went (dispatch.h)
-  SavedTensors layer, shared;
+  SavedTensors layer;
   std::vector<SavedTensors> routed;  // per source segment
   bool absorbed = false;
   bool weight_grads = false;
@@ -88,7 +88,7 @@ class MoeLayer {
   // fixed router in tests, or a caller that routes itself) and backward
   // returns d weights_TK without propagating into a router.
   MoeLayer(MoeLayerConfig cfg, Router* router, const Dispatcher& dispatcher,
-           ExpertExecutor& experts, ExpertExecutor* shared_experts = nullptr);
+           ExpertExecutor& experts);
 
   const MoeLayerConfig& config() const { return cfg_; }
   bool absorbs_scores() const { return absorbed_; }
@@ -107,23 +107,23 @@ class MoeLayer {
   const MoeRegionCounters& counters() const { return counters_; }
   void reset_counters() { counters_.reset(); }
   // Where forward and backward add their wall time: router, dispatch (plan,
-  // gather, combine, all-to-alls) and experts (routed and shared, replays
-  // included); null: nowhere.
+  // gather, combine, all-to-alls) and experts (replays included); null:
+  // nowhere.
   void set_step_times(StepTimes* times) { times_ = times; }
 
-  // out_TD = sum_k weights[t, k] * expert_{ids[t, k]}(x_TD[t]) (+ shared(x_TD[t])).
+  // out_TD = sum_k weights[t, k] * expert_{ids[t, k]}(x_TD[t]).
   // weight_grads = false keeps only what dx needs (frozen experts, LoRA).
   // adapter_grads: a backward wants the gradients of the experts' LoRA
   // adapter, if they carry one (its saves are kept; false: evaluation).
   // Counts one run of the router (first overload only), dispatch, w13, act,
-  // w2, combine and shared bodies.
+  // w2 and combine bodies.
   Tensor forward(const Tensor& x_TD, MoeSaved& saved, bool weight_grads = true,
                  bool adapter_grads = true);
   Tensor forward(const Tensor& x_TD, Routing routing, MoeSaved& saved, bool weight_grads = true,
                  bool adapter_grads = true);
 
-  // dx_TD is written (added to if accumulate). Expert, shared-expert and
-  // router parameter grads accumulate (+=) when forward kept weight_grads
+  // dx_TD is written (added to if accumulate). Expert and router parameter
+  // grads accumulate (+=) when forward kept weight_grads
   // (the router's always do). dlogits_extra_TE (e.g. the aux loss's) may be
   // undefined. Returns d loss / d weights_TK (score dtype). First replays
   // what the forward did not keep (saved.remat), each region at most once;
@@ -134,20 +134,18 @@ class MoeLayer {
 
  private:
   MemoryTracker& tracker() const;
-  // Rebuilds into `routed` / `shared` what backward reads and forward did not keep.
+  // Rebuilds into `routed` what backward reads and forward did not keep.
   void replay_routed(std::vector<SavedTensors>& routed, const MoeSaved& saved);
   // The record of source rank s's rows ("moe.experts", "moe.experts.from1").
   std::string segment_record_name(int source) const;
   // The absorbed scores of the rows this rank's experts computed (undefined
   // when not absorbed).
   Tensor received_scores(const MoeSaved& saved) const;
-  void replay_shared(SavedTensors& shared, const MoeSaved& saved);
 
   MoeLayerConfig cfg_;
   Router* router_;
   const Dispatcher* dispatcher_;
   ExpertExecutor* experts_;
-  ExpertExecutor* shared_;
   bool absorbed_;
   MoeRegionCounters counters_;
   StepTimes* times_ = nullptr;

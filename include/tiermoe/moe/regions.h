@@ -15,7 +15,8 @@
 //   moe.w2         y = T(a * s) . W2^T       ypre_ND, rstd_N (post_norm's backward only)
 //                  [+ down LoRA]             lora_down_NR  (the down adapter's dB)
 //   moe.combine    out = sum_k [w *] y       -- never replayed
-//   moe.shared     the shared experts' MLP   their h_N2F, a_NF (their x is the router's x_TD)
+//   moe.shared     the shared experts' MLP   its h and a (model/shared_expert.h, beside
+//                                            this layer: its input is the router's x_TD)
 //
 // The routing decision and the combine are never replayed and keep exactly
 // what their own backward needs: the plan (permutation indices and score_N,
@@ -74,9 +75,9 @@ class MoeRegionKeep {
 // What one forward keeps and what its backward replays, from the keep
 // decisions and what the backward will read (the table in the header comment).
 struct MoeRematPlan {
-  ExpertSaves routed_keep, shared_keep;  // what the experts' forwards keep
-  bool replay_dispatch = false;          // re-gather x_ND from x_TD
-  ExpertStages routed_replay, shared_replay;
+  ExpertSaves routed_keep;       // what the experts' forwards keep
+  bool replay_dispatch = false;  // re-gather x_ND from x_TD
+  ExpertStages routed_replay;
 
   // adapted: the expert stages whose LoRA adapter wants gradients.
   static MoeRematPlan make(const MoeRegionKeep& keep, bool absorbed, bool weight_grads,
