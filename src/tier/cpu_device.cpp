@@ -23,12 +23,6 @@ namespace {
 constexpr size_t kAlign = 64;  // AMX / AVX-512 loads, as host tensors
 constexpr const char* kWhere = "CpuDevice";
 
-// Consumes one step of an injected-fault countdown; true when it fires now.
-bool fault_fires(int64_t& countdown) {
-  if (countdown < 0) return false;
-  return countdown-- == 0;
-}
-
 }  // namespace
 
 struct CpuDevice::Impl {
@@ -39,14 +33,16 @@ struct CpuDevice::Impl {
     std::string what;
   };
 
-  enum class OpKind { upload, download, zero, launch, warm_up };
+  using OpKind = DeviceLedger::Op;
   struct Op {
     OpKind kind = OpKind::upload;
     size_t bytes = 0;                    // transfers
     const ExpertGraph* graph = nullptr;  // launches and warm-ups
     std::function<void()> body;
     bool injected = false;               // an injected launch fault
-    std::promise<void>* done = nullptr;  // warm-ups report here, not to sync()
+    // Set for a compile's warm-up, which reports here (not to sync()) and
+    // is not counted.
+    std::promise<void>* done = nullptr;
   };
 
   CpuDeviceConfig cfg;
@@ -62,8 +58,7 @@ struct CpuDevice::Impl {
   bool failed = false;
   std::string failure;
   int64_t skipped = 0;
-  DeviceCounters counters;
-  DeviceFaults faults;
+  DeviceLedger ledger;
   std::map<GraphKey, std::unique_ptr<ExpertGraph>> graphs;
   int64_t compiles = 0;
   int kernel_threads = 0;
@@ -73,7 +68,6 @@ struct CpuDevice::Impl {
 
   void worker_main(std::promise<int>& started);
   void run_one(std::unique_lock<std::mutex>& lk, Op op);
-  void record(const Op& op, double seconds);
 
   void enqueue(Op op) {
     queue.push_back(std::move(op));
@@ -107,7 +101,7 @@ void CpuDevice::Impl::worker_main(std::promise<int>& started) {
 
 // Runs one op with `lk` released; failures of stream ops are kept for sync().
 void CpuDevice::Impl::run_one(std::unique_lock<std::mutex>& lk, Op op) {
-  if (failed && op.kind != OpKind::warm_up) {
+  if (failed && !op.done) {
     ++skipped;  // a real stream is poisoned after a failure
     return;
   }
@@ -129,7 +123,7 @@ void CpuDevice::Impl::run_one(std::unique_lock<std::mutex>& lk, Op op) {
   const double seconds = seconds_since(t0);
   lk.lock();
   running = false;
-  if (op.kind == OpKind::warm_up) {
+  if (op.done) {
     if (exception)
       op.done->set_exception(exception);
     else
@@ -138,33 +132,8 @@ void CpuDevice::Impl::run_one(std::unique_lock<std::mutex>& lk, Op op) {
     failed = true;
     failure = detail::str_of("device cpu: launch of ", op.graph->name(), " failed: ", error);
   } else {
-    record(op, seconds);
-  }
-}
-
-void CpuDevice::Impl::record(const Op& op, double seconds) {
-  counters.busy_s += seconds;
-  switch (op.kind) {
-    case OpKind::upload:
-      ++counters.uploads;
-      counters.bytes_up += op.bytes;
-      counters.transfer_s += seconds;
-      return;
-    case OpKind::download:
-      ++counters.downloads;
-      counters.bytes_down += op.bytes;
-      counters.transfer_s += seconds;
-      return;
-    case OpKind::zero:
-      counters.transfer_s += seconds;
-      return;
-    case OpKind::launch:
-      ++counters.launches;
-      ++counters.calls[op.graph->name()];
-      counters.compute_s += seconds;
-      return;
-    case OpKind::warm_up:
-      return;
+    ledger.add_busy(seconds);
+    ledger.count(op.kind, op.bytes, op.graph ? op.graph->name() : "", seconds);
   }
 }
 
@@ -287,7 +256,7 @@ DeviceBuffer CpuDevice::alloc(size_t bytes, BufferUsage usage, std::string_view 
   TIERMOE_CHECK(bytes > 0, detail::str_of("alloc of 0 bytes for ", what), kWhere,
                 "a device buffer needs at least one byte; skip the allocation instead");
   std::lock_guard lk(d.mu);
-  const bool injected = fault_fires(d.faults.fail_alloc);
+  const bool injected = d.ledger.alloc_fault_fires();
   const size_t capacity = d.cfg.memory_bytes;
   if (injected || bytes > capacity - d.used) {
     throw DeviceOutOfMemory(
@@ -374,7 +343,7 @@ const Graph& CpuDevice::compile(const GraphKey& key) {
   auto warmed = done.get_future();
   {
     std::lock_guard lk(d.mu);
-    d.enqueue({.kind = Impl::OpKind::warm_up,
+    d.enqueue({.kind = Impl::OpKind::launch,
                .graph = graph.get(),
                .body = [g = graph.get()] { g->warm_up(); },
                .done = &done});
@@ -398,7 +367,7 @@ void CpuDevice::launch(const Graph& graph, GraphArgs args) {
   d.enqueue({.kind = Impl::OpKind::launch,
              .graph = &g,
              .body = [&g, t = std::move(t)] { g.run(t); },
-             .injected = fault_fires(d.faults.fail_launch)});
+             .injected = d.ledger.launch_fault_fires()});
 }
 
 void CpuDevice::sync() {
@@ -417,17 +386,17 @@ void CpuDevice::sync() {
 
 DeviceCounters CpuDevice::counters() const {
   std::lock_guard lk(impl_->mu);
-  return impl_->counters;
+  return impl_->ledger.counters();
 }
 
 void CpuDevice::reset_counters() {
   std::lock_guard lk(impl_->mu);
-  impl_->counters = DeviceCounters{};
+  impl_->ledger.reset_counters();
 }
 
 void CpuDevice::inject(const DeviceFaults& faults) {
   std::lock_guard lk(impl_->mu);
-  impl_->faults = faults;
+  impl_->ledger.inject(faults);
 }
 
 int64_t CpuDevice::compiles() const {

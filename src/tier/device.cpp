@@ -12,6 +12,29 @@ std::string_view buffer_usage_name(BufferUsage u) {
   __builtin_unreachable();
 }
 
+void DeviceLedger::count(Op op, size_t bytes, std::string_view graph, double seconds) {
+  switch (op) {
+    case Op::upload:
+      ++counters_.uploads;
+      counters_.bytes_up += bytes;
+      counters_.transfer_s += seconds;
+      return;
+    case Op::download:
+      ++counters_.downloads;
+      counters_.bytes_down += bytes;
+      counters_.transfer_s += seconds;
+      return;
+    case Op::zero:
+      counters_.transfer_s += seconds;
+      return;
+    case Op::launch:
+      ++counters_.launches;
+      ++counters_.calls[std::string(graph)];
+      counters_.compute_s += seconds;
+      return;
+  }
+}
+
 std::string_view graph_kind_name(GraphKind k) {
   switch (k) {
     case GraphKind::expert_fwd: return "expert_fwd";

@@ -17,7 +17,7 @@
 //  - graphs: each GraphKey is captured once as a CUDA graph (cuBLAS GEMMs in
 //    bf16 with f32 accumulation, f32 in f32, f64 in f64; the device's own
 //    kernels for the activation, score and bias steps) and replayed per launch;
-//  - counters and injected faults as the CPU device's.
+//  - counters and injected faults kept as the CPU device keeps them (DeviceLedger).
 #include <cstddef>
 #include <memory>
 #include <string>

@@ -135,6 +135,29 @@ struct DeviceFaults {
   int64_t fail_launch = -1;
 };
 
+// The bookkeeping every backend keeps the same way: the counters of what its
+// stream executed and the faults a test injected. The device holds it under
+// its own lock. Busy time is the backend's to add (its lanes may overlap).
+class DeviceLedger {
+ public:
+  enum class Op { upload, download, zero, launch };
+  // One op the stream executed in `seconds`; `graph` names a launch's graph.
+  void count(Op op, size_t bytes, std::string_view graph, double seconds);
+  void add_busy(double seconds) { counters_.busy_s += seconds; }
+  // Consume one step of the injected countdowns: true when the fault fires now.
+  bool alloc_fault_fires() { return fires(faults_.fail_alloc); }
+  bool launch_fault_fires() { return fires(faults_.fail_launch); }
+
+  const DeviceCounters& counters() const { return counters_; }
+  void reset_counters() { counters_ = DeviceCounters{}; }
+  void inject(const DeviceFaults& faults) { faults_ = faults; }
+
+ private:
+  static bool fires(int64_t& countdown) { return countdown >= 0 && countdown-- == 0; }
+  DeviceCounters counters_;
+  DeviceFaults faults_;
+};
+
 class Device {
  public:
   virtual ~Device() = default;

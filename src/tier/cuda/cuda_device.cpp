@@ -34,17 +34,12 @@ constexpr size_t kArgSlots = 1024, kArgSlotBytes = 512;
 // cuBLAS reads matrices 16 bytes at a time.
 constexpr size_t kGraphArgAlign = 16;
 
-bool fault_fires(int64_t& countdown) {
-  if (countdown < 0) return false;
-  return countdown-- == 0;
-}
-
 // The arena holds the budget plus the pool's rounding: 1/64 of it, 1 MiB at least.
 size_t arena_bytes(size_t budget) {
   return DevicePool::rounded(budget + std::max(budget / 64, size_t(1) << 20));
 }
 
-enum class OpKind { upload, download, zero, launch };
+using OpKind = DeviceLedger::Op;
 
 Lane lane_of(OpKind k) {
   switch (k) {
@@ -114,8 +109,7 @@ struct CudaDevice::Impl {
   bool failed = false;
   std::string failure;
   int64_t skipped = 0;
-  DeviceCounters counters;
-  DeviceFaults faults;
+  DeviceLedger ledger;
   std::map<GraphKey, std::unique_ptr<CudaExpertGraph>> graphs;
   int64_t compiles = 0;
   size_t graph_bytes = 0;
@@ -357,28 +351,9 @@ void CudaDevice::Impl::settle_timings() {
       }
       const double seconds = double(length_ms) * 1e-3;
       busy.emplace_back(double(begin_ms) * 1e-3, double(begin_ms) * 1e-3 + seconds);
-      switch (t.kind) {
-        case OpKind::upload:
-          ++counters.uploads;
-          counters.bytes_up += t.bytes;
-          counters.transfer_s += seconds;
-          break;
-        case OpKind::download:
-          ++counters.downloads;
-          counters.bytes_down += t.bytes;
-          counters.transfer_s += seconds;
-          break;
-        case OpKind::zero:
-          counters.transfer_s += seconds;
-          break;
-        case OpKind::launch:
-          ++counters.launches;
-          ++counters.calls[t.graph->name()];
-          counters.compute_s += seconds;
-          break;
-      }
+      ledger.count(t.kind, t.bytes, t.graph ? t.graph->name() : "", seconds);
     }
-    counters.busy_s += covered_seconds(std::move(busy));
+    ledger.add_busy(covered_seconds(std::move(busy)));
   }
   for (const Timed& t : timed) {
     events.give_back(t.start);
@@ -456,7 +431,7 @@ DeviceBuffer CudaDevice::alloc(size_t bytes, BufferUsage usage, std::string_view
   TIERMOE_CHECK(bytes > 0, str_of("alloc of 0 bytes for ", what), d.name,
                 "a device buffer needs at least one byte; skip the allocation instead");
   std::lock_guard lk(d.mu);
-  const bool injected = fault_fires(d.faults.fail_alloc);
+  const bool injected = d.ledger.alloc_fault_fires();
   const size_t capacity = d.cfg.memory_bytes;
   const std::string head = str_of(injected ? "injected fault (DeviceFaults::fail_alloc): " : "",
                                   "device ", d.name, " is out of memory: ", what, " (",
@@ -588,7 +563,7 @@ void CudaDevice::launch(const Graph& graph, GraphArgs args) {
   }
   op.sum_started = bound.sum_started;
   op.accesses = std::move(bound.accesses);
-  op.injected = fault_fires(d.faults.fail_launch);
+  op.injected = d.ledger.launch_fault_fires();
   d.enqueue(std::move(op));
 }
 
@@ -608,17 +583,17 @@ void CudaDevice::sync() {
 
 DeviceCounters CudaDevice::counters() const {
   std::lock_guard lk(impl_->mu);
-  return impl_->counters;
+  return impl_->ledger.counters();
 }
 
 void CudaDevice::reset_counters() {
   std::lock_guard lk(impl_->mu);
-  impl_->counters = DeviceCounters{};
+  impl_->ledger.reset_counters();
 }
 
 void CudaDevice::inject(const DeviceFaults& faults) {
   std::lock_guard lk(impl_->mu);
-  impl_->faults = faults;
+  impl_->ledger.inject(faults);
 }
 
 int64_t CudaDevice::compiles() const {
