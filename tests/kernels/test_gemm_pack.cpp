@@ -64,14 +64,14 @@ std::vector<float> unpack(const std::vector<char>& bytes, bool f32_layout) {
 
 // The element index microkernel.h gives (line x, k) in a panel of `width`
 // lines (mr or nr) over kc.
-int64_t a_index(gemm::APack a, int64_t mr, int64_t kc, int64_t r, int64_t k) {
+int64_t a_index(gemm::APack a, int64_t mr, int64_t r, int64_t k) {
   switch (a) {
     case gemm::APack::f32_kmajor:
       return k * mr + r;
     case gemm::APack::bf16_pairs:
       return ((k >> 1) * mr + r) * 2 + (k & 1);
-    case gemm::APack::bf16_rows:
-      return r * kc + k;
+    case gemm::APack::bf16_tiles:
+      return (k / 32) * (mr * 32) + r * 32 + k % 32;
   }
   return -1;
 }
@@ -134,8 +134,7 @@ TEST_P(GemmPack, PanelsMatchTheDocumentedLayout) {
               std::vector<float> want(got.size(), 0.0f);
               for (int64_t x = 0; x < valid; ++x) {
                 for (int64_t k = 0; k < std::min(kc, K - k0); ++k) {
-                  const int64_t at =
-                      is_a ? a_index(uk.a, uk.mr, kc, x, k) : b_index(uk.b, uk.nr, x, k);
+                  const int64_t at = is_a ? a_index(uk.a, uk.mr, x, k) : b_index(uk.b, uk.nr, x, k);
                   want[size_t(at)] = s.f32[size_t((x0 + x) * s.ls + (k0 + k) * s.ks)];
                 }
               }

@@ -52,6 +52,46 @@ void prefetch_l2(const char* from, const char* end, int64_t lines) {
     __builtin_prefetch(from + l * 64, 0, 2);
 }
 
+// A block of at most kWholeKPanels A panels (few rows: a memory-bound
+// product) over a prepacked B: each mr x nr block of C goes through all of K
+// in one microkernel call, its sums held in the tiles (or registers)
+// throughout. The kc-stepped loop would store and reload them every kc, and
+// with AMX each store waits for the chain of products before it to drain
+// (measured: a quarter of the kernel's time at 64 rows per expert). A
+// prepacked B panel over K is one run (its kc blocks concatenate into the
+// layout over their sum, for every microkernel), and so is each A panel
+// packed here; the bits are those of the kc steps, which store and reload
+// the f32 sums exactly.
+// a_pack holds the block's A panels over K, acc its sums (rows x nc).
+void run_whole_k(const Microkernel& uk, const Problem& p, const Epilogue& ep, int64_t i0,
+                 int64_t rows, int64_t j0, int64_t cols, char* a_pack, float* acc) {
+  const int64_t mr = uk.mr, nr = uk.nr, nc = block_cols(uk);
+  const int64_t Kp = round_up(p.K, uk.k_step), m_panels = ceil_div(rows, mr);
+  const int64_t a_full = a_panel_bytes(uk, Kp), b_full = b_panel_bytes(uk, Kp);
+  for (int64_t ip = 0; ip < m_panels; ++ip) {
+    for (int64_t k0 = 0; k0 < Kp; k0 += kKc) {
+      pack_a(uk, p.a, i0 + ip * mr, std::min(mr, rows - ip * mr), k0, std::min(kKc, Kp - k0), p.K,
+             a_pack + ip * a_full + a_panel_bytes(uk, k0));
+    }
+  }
+  const char* b = static_cast<const char*>(p.b_packed);
+  // Each call prefetches its share of the next B panel into L2, as
+  // run_block does (the weight streams from memory).
+  const int64_t share = ceil_div(b_full / 64, m_panels);
+  for (int64_t jb = j0; jb < j0 + cols; jb += nc) {
+    const int64_t bcols = std::min(nc, j0 + cols - jb);
+    for (int64_t j = jb; j < jb + bcols; j += nr) {
+      const char* b_panel = b + j / nr * b_full;
+      const char* b_next = j + nr < j0 + cols ? b_panel + b_full : nullptr;
+      for (int64_t ip = 0; ip < m_panels; ++ip) {
+        if (b_next) prefetch_l2(b_next + ip * share * 64, b_next + b_full, share);
+        uk.run(Kp, a_pack + ip * a_full, b_panel, acc + ip * mr * nc + (j - jb), nc, false);
+      }
+    }
+    ep.fn(ep.ctx, i0, jb, rows, bcols, acc, nc);
+  }
+}
+
 }  // namespace
 
 void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int64_t i0,
@@ -70,14 +110,21 @@ void run_block(const Microkernel& uk, const Problem& p, const Epilogue& ep, int6
   // to kAccCap bytes), so each step of A is packed once per group.
   const int64_t a_step_bytes = buffer_rows / mr * a_bytes;
   const int64_t k_steps = ceil_div(Kp, kKc);
-  const bool keep_a = cols > nc && k_steps * a_step_bytes <= kKeepACap;
+  const bool a_fits = k_steps * a_step_bytes <= kKeepACap;
+  const bool keep_a = cols > nc && a_fits;
   const int64_t acc_floats = buffer_rows * nc;  // one column block's sums
   const int64_t group =
       keep_a ? 1 : std::clamp<int64_t>(kAccCap / (4 * acc_floats), 1, ceil_div(cols, nc));
+  // Both loops take buffers of these sizes, so a thread's scratch grows once
+  // per block shape, whichever loop its blocks take.
   Scratch& s = scratch();
   float* acc = static_cast<float*>(s.acc.get(group * acc_floats * 4));
+  char* a_pack = static_cast<char*>(s.a.get((a_fits ? k_steps : 1) * a_step_bytes));
+  if (p.b_packed && Kp > 0 && m_panels <= kWholeKPanels && a_fits) {
+    run_whole_k(uk, p, ep, i0, rows, j0, cols, a_pack, acc);
+    return;
+  }
   if (Kp == 0) std::memset(acc, 0, size_t(group * acc_floats * 4));
-  char* a_pack = static_cast<char*>(s.a.get((keep_a ? k_steps : 1) * a_step_bytes));
   char* b_pack = p.b_packed ? nullptr : static_cast<char*>(s.b.get(nc / nr * b_bytes));
   const int64_t b_full = b_panel_bytes(uk, Kp);
   auto prepacked_panel = [&](int64_t j, int64_t k0) {

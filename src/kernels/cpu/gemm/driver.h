@@ -81,6 +81,10 @@ int64_t tall_rows(const Microkernel& uk);
 constexpr int64_t kKc = 256;                // a multiple of every k_step
 constexpr int64_t kKeepACap = int64_t(8) << 20;  // bytes of one block's packed A kept
 constexpr int64_t kAccCap = int64_t(4) << 20;    // bytes of f32 sums one task keeps in flight
+// Blocks of at most this many A panels over a prepacked B run each block of
+// C through all of K in one microkernel call (memory-bound: few rows); taller
+// ones step K by kc so that a B panel stays in L1 for all their A panels.
+constexpr int64_t kWholeKPanels = 2;
 
 // B (K x N) prepacked for uk: ceil(N / nr) panels over round_up(K, k_step),
 // each b_panel_bytes(uk, Kp) at panel * that.

@@ -37,14 +37,15 @@ void amx_end() {
   T::release();
 }
 
-// C[32 x 32] (+)= A . B with A packed bf16_rows [32][kc], B packed bf16_pairs
-// [kc/2][32][2]; kc a multiple of 32.
+// C[32 x 32] (+)= A . B with A packed bf16_tiles [kc/32][32][32], B packed
+// bf16_pairs [kc/2][32][2]; kc a multiple of 32. Both are read in the order
+// they are stored, 4 KB per step of 32 k.
 template <class T>
 void amx_kernel(int64_t kc, const void* a_, const void* b_, float* c_, int64_t ldc, bool load_c) {
   const char* a = static_cast<const char*>(a_);
   const char* b = static_cast<const char*>(b_);
   char* c = reinterpret_cast<char*>(c_);
-  const int64_t a_stride = kc * 2;   // bytes per packed row of A
+  const int64_t a_stride = 32 * 2;   // bytes per row of an A tile (32 k)
   const int64_t b_stride = 32 * 4;   // bytes per pair row of B (32 columns x 2 bf16)
   const int64_t c_stride = ldc * 4;  // bytes per row of C
   if (load_c) {
@@ -59,10 +60,12 @@ void amx_kernel(int64_t kc, const void* a_, const void* b_, float* c_, int64_t l
     T::template zero<3>();
   }
   for (int64_t k = 0; k < kc; k += 32) {
-    T::template load<4>(a + k * 2, a_stride);
-    T::template load<5>(a + 16 * a_stride + k * 2, a_stride);
-    T::template load<6>(b + (k / 2) * b_stride, b_stride);
-    T::template load<7>(b + (k / 2) * b_stride + 64, b_stride);
+    const char* a_k = a + k * 64;  // 32 rows x 32 k x 2 bytes per step
+    const char* b_k = b + (k / 2) * b_stride;
+    T::template load<4>(a_k, a_stride);
+    T::template load<5>(a_k + 16 * a_stride, a_stride);
+    T::template load<6>(b_k, b_stride);
+    T::template load<7>(b_k + 64, b_stride);
     T::template dpbf16<0, 4, 6>();
     T::template dpbf16<1, 4, 7>();
     T::template dpbf16<2, 5, 6>();

@@ -23,8 +23,13 @@ namespace tiermoe::cpu::gemm {
 // Packed A, one micro-panel of mr rows x kc (kc a multiple of k_step):
 //   f32_kmajor  float [kc][mr]        (bf16 sources widened exactly)
 //   bf16_pairs  bf16 [kc/2][mr][2]    (a dword holds k = 2p, 2p+1 of one row)
-//   bf16_rows   bf16 [mr][kc]         (rows as AMX tiles load them)
-enum class APack : uint8_t { f32_kmajor, bf16_pairs, bf16_rows };
+//   bf16_tiles  bf16 [kc/32][mr][32]  (per 32 values of k, the rows as AMX
+//                                     tiles load them: one tile of 16 rows
+//                                     is 1 KB in one run)
+// Every layout is k-major at its coarsest, so the panels of consecutive kc
+// blocks, stored one after the other, are the panel over their whole K: the
+// driver runs a memory-bound block through all of K in one call that way.
+enum class APack : uint8_t { f32_kmajor, bf16_pairs, bf16_tiles };
 
 // Packed B, one panel of nr columns x kc:
 //   f32         float [kc][nr]

@@ -34,9 +34,12 @@ D convert(S v) {
 //   k part     k * k_mul, or with pairs (k >> 1) * k_mul + (k & 1)
 // so the packing loops below are affine in both and carry no per-element
 // branch.
+// bf16_tiles is the one layout outside that form: k's block of 32 at
+// (k / 32) * k_tile, then k % 32 (pack_tiles below).
 struct Layout {
   int64_t stride = 1, split = 0, k_mul = 0;
   bool pairs = false;
+  int64_t k_tile = 0;
 };
 
 // The 32-bit units the transposes below move: a source element as a float
@@ -170,10 +173,37 @@ void interleave_pairs(const S* base, int64_t ks, int64_t n, int64_t kv, uint16_t
 // forward) each line is read as one run, otherwise (its columns in dx, rows
 // of activations' A operand) each k's lines are. Either way the writes land
 // in one panel, which stays in L1.
+// bf16_tiles: each line's runs of 32 k, one to a row of a tile. A row-major
+// bf16 A (the activations) is a copy per run; a transposed one is read along
+// its lines, one k at a time.
+template <class D, class S>
+void pack_tiles(const S* base, int64_t ls, int64_t ks, int64_t n, int64_t kv, D* dst,
+                const Layout& l) {
+  if (ks != 1) {  // lines contiguous at each k (dW's transposed A): read along them
+    for (int64_t k = 0; k < kv; ++k) {
+      const S* in = base + k * ks;
+      D* out = dst + k / 32 * l.k_tile + k % 32;
+      for (int64_t x = 0; x < n; ++x) out[x * l.stride] = convert<D>(in[x * ls]);
+    }
+    return;
+  }
+  for (int64_t x = 0; x < n; ++x) {
+    for (int64_t kb = 0; kb < kv; kb += 32) {
+      const S* in = base + x * ls + kb;
+      D* out = dst + kb / 32 * l.k_tile + x * l.stride;
+      const int64_t m = std::min<int64_t>(32, kv - kb);
+      for (int64_t k = 0; k < m; ++k) out[k] = convert<D>(in[k]);
+    }
+  }
+}
+
 template <bool Pairs, class D, class S>
 void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0, int64_t kv,
                 D* dst, const Layout& l) {
   const S* base = src + x0 * ls + k0 * ks;
+  if constexpr (!Pairs && std::is_same_v<D, uint16_t>) {
+    if (l.k_tile) return pack_tiles(base, ls, ks, n, kv, dst, l);
+  }
   auto k_part = [&](int64_t k) { return Pairs ? (k >> 1) * l.k_mul + (k & 1) : k * l.k_mul; };
   const int64_t lo = std::min(n, l.split);
   // The two line ranges: [first, last) placed from `offset` on.
@@ -262,8 +292,8 @@ void pack_a(const Microkernel& uk, const Mat& a, int64_t i0, int64_t rows, int64
     case APack::bf16_pairs:  // [kc/2][mr][2]
       l.stride = 2, l.k_mul = 2 * mr, l.pairs = true;
       break;
-    case APack::bf16_rows:  // [mr][kc]
-      l.stride = kc, l.k_mul = 1;
+    case APack::bf16_tiles:  // [kc/32][mr][32]
+      l.stride = 32, l.k_mul = 1, l.k_tile = 32 * mr;
       break;
   }
   pack_typed(a.dt, uk.a == APack::f32_kmajor, a.p, a.rs, a.cs, i0, rows, k0, kv, dst, l);
