@@ -22,6 +22,7 @@ EXPERTS = {
     "OlmoeExperts": "swiglu",
     "Glm4MoeExperts": "swiglu",
     "DeepseekV3Experts": "swiglu",
+    "Glm4MoeLiteExperts": "swiglu",
     "GptOssExperts": "gpt_oss",
 }
 
@@ -54,6 +55,7 @@ BLOCKS = {
     "Qwen2MoeSparseMoeBlock": BlockSpec("gate", "softmax_topk", shared=_qwen2_shared),
     "Glm4MoeMoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
     "DeepseekV3MoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
+    "Glm4MoeLiteMoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
     "GptOssMLP": BlockSpec("router", "gpt_oss", renormalize=lambda gate: False,
                            returns_scores=True),
 }

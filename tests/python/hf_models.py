@@ -104,6 +104,16 @@ def deepseek_v3():
         num_mtp_layers=0, rope_interleave=True, rope_parameters=ROPE))
 
 
+def glm4_moe_lite():
+    cfg = dict(COMMON, num_key_value_heads=4)
+    return transformers.Glm4MoeLiteForCausalLM(transformers.Glm4MoeLiteConfig(
+        **cfg, intermediate_size=32, moe_intermediate_size=F, n_shared_experts=1,
+        num_hidden_layers=3, mlp_layer_types=["dense", "sparse", "sparse"], q_lora_rank=12,
+        kv_lora_rank=10, qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5,
+        n_routed_experts=8, n_group=2, topk_group=1, num_experts_per_tok=2, norm_topk_prob=True,
+        routed_scaling_factor=1.8, rope_interleave=True, rope_parameters=ROPE))
+
+
 def gpt_oss():
     return transformers.GptOssForCausalLM(transformers.GptOssConfig(
         **COMMON, intermediate_size=F, num_hidden_layers=2, head_dim=8, num_local_experts=4,
@@ -113,9 +123,9 @@ def gpt_oss():
 
 
 FAMILIES = {f.__name__: f for f in (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, deepseek_v3,
-                                     gpt_oss)}
+                                     glm4_moe_lite, gpt_oss)}
 # Families whose router scales its weights (a doubled score can be made through the config).
-SCALED = {"glm4_moe", "deepseek_v3"}
+SCALED = {"glm4_moe", "deepseek_v3", "glm4_moe_lite"}
 
 
 def randomize(model, seed=0):

@@ -18,7 +18,8 @@ enum class ModelFamily : uint8_t {
   qwen2_moe,
   glm4_moe,
   gpt_oss,
-  deepseek_v3,  // and Kimi-K2 (model_type kimi_k2: the same architecture)
+  deepseek_v3,    // and Kimi-K2 (model_type kimi_k2: the same architecture)
+  glm4_moe_lite,  // GLM-4.7-Flash
 };
 
 // How attention normalises q and k before RoPE.

@@ -310,12 +310,53 @@ void sigmoid_router_fields(ConfigIo& io, ModelConfig& c, const SigmoidRouterDefa
   io.field("routed_scaling_factor", c.routed_scaling_factor, d.routed_scaling_factor);
   io.field("n_group", c.n_group, d.n_group);
   io.field("topk_group", c.topk_group, d.topk_group);
-  io.field("first_k_dense_replace", c.first_k_dense_replace, d.first_k_dense_replace);
   io.field("norm_topk_prob", c.norm_topk_prob, true);
-  io.aliased("num_nextn_predict_layers", "num_mtp_layers", c.num_nextn_predict_layers, 1);
   // transformers' DeepSeek-V3 family adds no load-balancing loss to its loss
   // whatever output_router_logits says, so neither does TierMoE.
   c.output_router_logits = false;
+}
+
+void dense_first_fields(ConfigIo& io, ModelConfig& c, int64_t first_k_dense_replace) {
+  io.field("first_k_dense_replace", c.first_k_dense_replace, first_k_dense_replace);
+  io.aliased("num_nextn_predict_layers", "num_mtp_layers", c.num_nextn_predict_layers, 1);
+}
+
+void mla_fields(ConfigIo& io, ModelConfig& c, const MlaDefaults& d) {
+  // MLA expands k and v for every head; the attention never reads the field.
+  c.num_key_value_heads = c.num_attention_heads;
+  io.field("attention_bias", c.attention_bias, false);
+  // q_lora_rank null: q_proj straight from the hidden state (0 here).
+  std::optional<int64_t> q_rank = c.q_lora_rank > 0 ? std::optional(c.q_lora_rank) : std::nullopt;
+  io.field("q_lora_rank", q_rank, d.q_lora_rank);
+  c.q_lora_rank = q_rank.value_or(0);
+  io.field("kv_lora_rank", c.kv_lora_rank, 512);
+  io.field("qk_nope_head_dim", c.qk_nope_head_dim, d.qk_nope_head_dim);
+  io.field("qk_rope_head_dim", c.qk_rope_head_dim, 64);
+  io.field("v_head_dim", c.v_head_dim, d.v_head_dim);
+  c.head_dim = c.qk_rope_head_dim;  // as the config classes set it, whatever config.json says
+  io.field("rope_interleave", c.rope_interleave, true);
+}
+
+void validate_mla(const ModelConfig& c, const std::string& where) {
+  auto positive = [&](const char* field, int64_t v) {
+    TIERMOE_CHECK(v > 0, str_of("config field '", field, "' must be positive, got ", v), where,
+                  "fix the value in config.json");
+  };
+  positive("kv_lora_rank", c.kv_lora_rank);
+  positive("qk_nope_head_dim", c.qk_nope_head_dim);
+  positive("qk_rope_head_dim", c.qk_rope_head_dim);
+  positive("v_head_dim", c.v_head_dim);
+  TIERMOE_CHECK(c.q_lora_rank >= 0, str_of("config field 'q_lora_rank' is ", c.q_lora_rank), where,
+                "a positive rank, or null for q_proj straight from the hidden state");
+  TIERMOE_CHECK(c.head_dim == c.qk_rope_head_dim,
+                str_of("head_dim ", c.head_dim, " is not qk_rope_head_dim ", c.qk_rope_head_dim),
+                where, "under MLA head_dim is the rope width (transformers sets it so)");
+  TIERMOE_CHECK(c.num_key_value_heads == c.num_attention_heads,
+                str_of("num_key_value_heads ", c.num_key_value_heads, " with ",
+                       c.num_attention_heads, " heads"),
+                where,
+                "multi-head latent attention expands k and v for every head: set "
+                "num_key_value_heads to num_attention_heads (or null)");
 }
 
 void read_config(const FamilyDef& family, const Json& j, const std::string& path, ModelConfig& c) {

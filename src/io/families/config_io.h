@@ -101,12 +101,25 @@ struct CommonDefaults {
 void common_fields(ConfigIo& io, ModelConfig& c, const CommonDefaults& d);
 // n_shared_experts (GLM-4.5, DeepSeek-V3): shared experts of the expert width.
 void shared_experts_field(ConfigIo& io, ModelConfig& c);
-// The sigmoid router's fields (GLM-4.5, DeepSeek-V3), with their class defaults.
+// The sigmoid router's fields (GLM-4.5, DeepSeek-V3, GLM-4.7-Flash), with
+// their class defaults, and the shared experts beside it.
 struct SigmoidRouterDefaults {
-  int64_t n_routed_experts, n_group, topk_group, first_k_dense_replace;
+  int64_t n_routed_experts, n_group, topk_group;
   double routed_scaling_factor;
 };
 void sigmoid_router_fields(ConfigIo& io, ModelConfig& c, const SigmoidRouterDefaults& d);
+// The first layers dense, the rest MoE, and the multi-token-prediction
+// layers past them skipped on load (GLM-4.5, DeepSeek-V3).
+void dense_first_fields(ConfigIo& io, ModelConfig& c, int64_t first_k_dense_replace);
+// Multi-head latent attention's fields (DeepSeek-V3, GLM-4.7-Flash), with the
+// class defaults that differ (kv_lora_rank 512 and qk_rope_head_dim 64 are
+// every class's), and its invariants.
+struct MlaDefaults {
+  std::optional<int64_t> q_lora_rank;
+  int64_t qk_nope_head_dim, v_head_dim;
+};
+void mla_fields(ConfigIo& io, ModelConfig& c, const MlaDefaults& d);
+void validate_mla(const ModelConfig& c, const std::string& where);
 
 struct FamilyDef {
   FamilySpec spec;
@@ -122,6 +135,7 @@ const FamilyDef& qwen2_moe();
 const FamilyDef& glm4_moe();
 const FamilyDef& gpt_oss();
 const FamilyDef& deepseek_v3();
+const FamilyDef& glm4_moe_lite();
 
 const FamilyDef& family_def(ModelFamily family);
 // The family whose model_type or alias is `model_type`; null when none.

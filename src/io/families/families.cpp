@@ -11,9 +11,10 @@ namespace families {
 namespace {
 
 // In ModelFamily order.
-const std::array<const FamilyDef*, 7>& registry() {
-  static const std::array<const FamilyDef*, 7> all = {
-      &qwen3_moe(), &mixtral(), &olmoe(), &qwen2_moe(), &glm4_moe(), &gpt_oss(), &deepseek_v3()};
+const std::array<const FamilyDef*, 8>& registry() {
+  static const std::array<const FamilyDef*, 8> all = {&qwen3_moe(),   &mixtral(),      &olmoe(),
+                                                      &qwen2_moe(),   &glm4_moe(),     &gpt_oss(),
+                                                      &deepseek_v3(), &glm4_moe_lite()};
   return all;
 }
 

@@ -22,12 +22,10 @@ void fields(ConfigIo& io, ModelConfig& c) {
   io.head_dim(c, HeadDimField::always);
   io.field("intermediate_size", c.intermediate_size, 10944);
   io.field("moe_intermediate_size", c.moe_intermediate_size, 1408);
-  sigmoid_router_fields(io, c,
-                        {.n_routed_experts = 128,
-                         .n_group = 1,
-                         .topk_group = 1,
-                         .first_k_dense_replace = 1,
-                         .routed_scaling_factor = 1.0});
+  sigmoid_router_fields(
+      io, c,
+      {.n_routed_experts = 128, .n_group = 1, .topk_group = 1, .routed_scaling_factor = 1.0});
+  dense_first_fields(io, c, 1);
   io.field("use_qk_norm", c.use_qk_norm, false);
   io.field("attention_bias", c.qkv_bias, false);
   io.rope_field("partial_rotary_factor", c.partial_rotary_factor, 0.5);
