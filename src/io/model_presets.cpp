@@ -32,9 +32,11 @@ void deepseek_v3_pieces(ModelConfig& c) {
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny",         "tiny-qwen2-moe", "tiny-glm4-moe",  "tiny-gpt-oss", "tiny-deepseek-v3",
-          "small",        "qwen3-30b-a3b",  "qwen2-57b-a14b", "glm-4.5-air",  "gpt-oss-20b",
-          "gpt-oss-120b", "deepseek-v3",    "kimi-k2",        "glm-4.7-flash"};
+  return {"tiny",         "tiny-qwen2-moe",   "tiny-glm4-moe",
+          "tiny-gpt-oss", "tiny-deepseek-v3", "tiny-glm4-moe-lite",
+          "small",        "qwen3-30b-a3b",    "qwen2-57b-a14b",
+          "glm-4.5-air",  "gpt-oss-20b",      "gpt-oss-120b",
+          "deepseek-v3",  "kimi-k2",          "glm-4.7-flash"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -43,7 +45,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.tie_word_embeddings = false;
   c.rms_norm_eps = 1e-6;
   if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe" ||
-      name == "tiny-gpt-oss" || name == "tiny-deepseek-v3") {
+      name == "tiny-gpt-oss" || name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -88,7 +90,9 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
                         .truncate = false};
       c.rms_norm_eps = 1e-5;
     }
-    if (name == "tiny-deepseek-v3") {  // DeepSeek-V3's pieces at tiny's shapes, YaRN as its
+    // DeepSeek-V3's pieces at tiny's shapes, YaRN as its; GLM-4.7-Flash's
+    // are the same but for its plain RoPE and scaling factor.
+    if (name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite") {
       deepseek_v3_pieces(c);
       c.q_lora_rank = 32;
       c.kv_lora_rank = 16;
@@ -103,6 +107,13 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
       c.topk_group = 1;
       c.rope_scaling.original_max_position_embeddings = 128;
       c.num_nextn_predict_layers = 0;
+    }
+    if (name == "tiny-glm4-moe-lite") {
+      c.family = ModelFamily::glm4_moe_lite;
+      c.model_type = "glm4_moe_lite";
+      c.rope_scaling = {};
+      c.routed_scaling_factor = 1.8;
+      c.rms_norm_eps = 1e-5;
     }
   } else if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {
     // openai/gpt-oss-20b's and -120b's config.json as published (their

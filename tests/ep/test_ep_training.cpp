@@ -157,7 +157,10 @@ INSTANTIATE_TEST_SUITE_P(
              true, "tiny-deepseek-v3"},
         Case{"deepseek_v3_f32_lora_latent_attention", DType::f32,
              "q_a_proj,q_b_proj,kv_a_proj_with_mqa,kv_b_proj,o_proj", "off", "full", false, nullptr,
-             true, "tiny-deepseek-v3"}),
+             true, "tiny-deepseek-v3"},
+        // GLM-4.7-Flash: DeepSeek-V3's model under its own family spec.
+        Case{"glm4_moe_lite_f64_full_device_tier", DType::f64, nullptr, "auto", "none", true,
+             nullptr, true, "tiny-glm4-moe-lite"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -601,11 +601,10 @@ TEST(ModelConfig, Presets) {
   } catch (const Error& e) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("huge"), std::string::npos);
-    EXPECT_NE(
-        msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, tiny-deepseek-v3, small, "
-                 "qwen3-30b-a3b, qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b, gpt-oss-120b, "
-                 "deepseek-v3, kimi-k2"),
-        std::string::npos)
+    EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, tiny-deepseek-v3, "
+                       "tiny-glm4-moe-lite, small, qwen3-30b-a3b, qwen2-57b-a14b, glm-4.5-air, "
+                       "gpt-oss-20b, gpt-oss-120b, deepseek-v3, kimi-k2, glm-4.7-flash"),
+              std::string::npos)
         << msg;
   }
   EXPECT_THROW(preset("tiny", 0), Error);
