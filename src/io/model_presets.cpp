@@ -264,40 +264,13 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.bos_token_id = kimi ? 163584 : 0;
     c.eos_token_id = {kimi ? 163585 : 1};
   } else if (name == "glm-4.7-flash") {
-    // Glm4MoeLiteConfig's defaults in transformers 5.25, GLM-4.7-Flash's
+    // Glm4MoeLiteConfig's defaults in transformers 5.25 are GLM-4.7-Flash's
     // shapes: DeepSeek-V3's attention (20 heads, q latent 768, kv latent
     // 512, q/k 192 + 64, v 256) and GLM-4.5's MoE (64 routed experts of
-    // 1536, 4 per token, one shared), layer 0 dense.
-    deepseek_v3_pieces(c);
-    c.family = ModelFamily::glm4_moe_lite;
-    c.model_type = "glm4_moe_lite";
-    c.rope_scaling = {};
-    c.routed_scaling_factor = 1.8;
-    c.vocab_size = 154880;
-    c.hidden_size = 2048;
-    c.intermediate_size = 10240;
-    c.moe_intermediate_size = 1536;
-    c.shared_expert_intermediate_size = 1536;
-    c.num_hidden_layers = 47;
-    c.num_attention_heads = 20;
-    c.num_key_value_heads = 20;
-    c.q_lora_rank = 768;
-    c.kv_lora_rank = 512;
-    c.qk_nope_head_dim = 192;
-    c.qk_rope_head_dim = 64;
-    c.v_head_dim = 256;
-    c.head_dim = 64;
-    c.num_experts = 64;
-    c.num_experts_per_tok = 4;
-    c.n_group = 1;
-    c.topk_group = 1;
-    c.first_k_dense_replace = 1;
-    c.num_nextn_predict_layers = 0;
-    c.rope_theta = 10000;
-    c.rms_norm_eps = 1e-5;
-    c.max_position_embeddings = 202752;
-    c.bos_token_id = 0;
-    c.eos_token_id = {1};
+    // 1536, 4 per token, one shared), layer 0 dense. So the preset is a
+    // config.json naming only its model_type, stored in bf16.
+    c = parse_model_config(R"({"model_type": "glm4_moe_lite", "torch_dtype": "bfloat16"})",
+                           "preset glm-4.7-flash");
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;

@@ -68,7 +68,8 @@ TEST(FamilyGlm4MoeLite, MlpLayerTypesAreTheDenseFirstLayers) {
       {"partial_rotary_factor 0.5", "multi-head latent attention"}));
 }
 
-// The preset is the class's defaults, as transformers 5.25 saves them.
+// The preset is the class's defaults, as transformers 5.25 saves them (the
+// family's table reads them; this holds the preset to that file).
 TEST(FamilyGlm4MoeLite, ThePresetIsTheClassDefaults) {
   ModelConfig defaults = load_model_config(testing::kFamilies + "configs/glm4_moe_lite.json");
   const ModelConfig p = preset("glm-4.7-flash");
