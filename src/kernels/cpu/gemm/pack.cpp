@@ -167,12 +167,6 @@ void interleave_pairs(const S* base, int64_t ks, int64_t n, int64_t kv, uint16_t
   }
 }
 
-// dst[place(x, k)] = src(x0 + x, k0 + k) for x < n valid lines, k < kv
-// valid, with (line, k) at src[line * ls + k * ks]. The loop order follows
-// the source: when k is contiguous within a line (a weight's rows in the
-// forward) each line is read as one run, otherwise (its columns in dx, rows
-// of activations' A operand) each k's lines are. Either way the writes land
-// in one panel, which stays in L1.
 // bf16_tiles: each line's runs of 32 k, one to a row of a tile. A row-major
 // bf16 A (the activations) is a copy per run; a transposed one is read along
 // its lines, one k at a time.
@@ -197,6 +191,12 @@ void pack_tiles(const S* base, int64_t ls, int64_t ks, int64_t n, int64_t kv, D*
   }
 }
 
+// dst[place(x, k)] = src(x0 + x, k0 + k) for x < n valid lines, k < kv
+// valid, with (line, k) at src[line * ls + k * ks]. The loop order follows
+// the source: when k is contiguous within a line (a weight's rows in the
+// forward) each line is read as one run, otherwise (its columns in dx, rows
+// of activations' A operand) each k's lines are. Either way the writes land
+// in one panel, which stays in L1.
 template <bool Pairs, class D, class S>
 void pack_lines(const S* src, int64_t ls, int64_t ks, int64_t x0, int64_t n, int64_t k0, int64_t kv,
                 D* dst, const Layout& l) {
