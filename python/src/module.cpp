@@ -56,12 +56,13 @@ MoeOpConfig op_config(int64_t num_experts, int64_t hidden, int64_t ffn, const st
   c.keep = tiermoe::RematPolicy::parse(remat, "remat").moe_keep();
   if (router) {
     c.routes = true;
-    c.router.kind = *router == "deepseek_v3" ? tiermoe::RouterKind::deepseek_v3
-                    : *router == "gpt_oss"   ? tiermoe::RouterKind::gpt_oss
-                                             : tiermoe::RouterKind::softmax_topk;
+    c.router.kind = *router == "deepseek_v3"   ? tiermoe::RouterKind::deepseek_v3
+                    : *router == "deepseek_v2" ? tiermoe::RouterKind::deepseek_v2
+                    : *router == "gpt_oss"     ? tiermoe::RouterKind::gpt_oss
+                                               : tiermoe::RouterKind::softmax_topk;
     TIERMOE_CHECK(*router == "softmax_topk" || c.router.kind != tiermoe::RouterKind::softmax_topk,
                   "unknown router kind '" + *router + "'", name,
-                  "softmax_topk, deepseek_v3 or gpt_oss");
+                  "softmax_topk, deepseek_v3, deepseek_v2 or gpt_oss");
     c.router.hidden = hidden;
     c.router.num_experts = num_experts;
     c.router.top_k = top_k;

@@ -23,6 +23,7 @@ EXPERTS = {
     "Glm4MoeExperts": "swiglu",
     "DeepseekV3Experts": "swiglu",
     "Glm4MoeLiteExperts": "swiglu",
+    "DeepseekV2Experts": "swiglu",
     "GptOssExperts": "gpt_oss",
 }
 
@@ -30,7 +31,7 @@ EXPERTS = {
 @dataclass(frozen=True)
 class BlockSpec:
     router_attr: str  # the router submodule: "gate" or "router"
-    router: str  # the engine's router kind: softmax_topk, deepseek_v3 or gpt_oss
+    router: str  # the engine's router kind: softmax_topk, deepseek_v3, deepseek_v2 or gpt_oss
     # Whether the top-k weights are renormalised to sum 1 (softmax_topk).
     renormalize: Callable[[torch.nn.Module], bool] = lambda gate: gate.norm_topk_prob
     # The shared expert's output for x_TD, added to the routed experts'.
@@ -56,6 +57,9 @@ BLOCKS = {
     "Glm4MoeMoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
     "DeepseekV3MoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
     "Glm4MoeLiteMoE": BlockSpec("gate", "deepseek_v3", shared=_deepseek_shared),
+    # transformers' V2 router drops norm_topk_prob: it never renormalises.
+    "DeepseekV2Moe": BlockSpec("gate", "deepseek_v2", renormalize=lambda gate: False,
+                               shared=_deepseek_shared),
     "GptOssMLP": BlockSpec("router", "gpt_oss", renormalize=lambda gate: False,
                            returns_scores=True),
 }
@@ -114,5 +118,10 @@ def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
                       norm_topk_prob=bool(spec.renormalize(gate)))
         if spec.router == "deepseek_v3":
             kwargs.update(n_group=int(gate.num_group), topk_group=int(gate.topk_group),
+                          routed_scaling_factor=float(gate.routed_scaling_factor))
+        if spec.router == "deepseek_v2":  # greedy: one group holding every expert
+            grouped = gate.topk_method == "group_limited_greedy"
+            kwargs.update(n_group=int(gate.num_group) if grouped else 1,
+                          topk_group=int(gate.topk_group) if grouped else 1,
                           routed_scaling_factor=float(gate.routed_scaling_factor))
     return EngineMoe(_core.MoeOp(**kwargs), name, dtype, transposed)

@@ -251,7 +251,10 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
           ? add({mul({3, D, c.shared_expert_intermediate_size}), c.shared_expert_gated() ? D : 0})
           : 0;
   // The sigmoid router's e_score_correction_bias or gpt-oss's router bias, [E] per MoE layer.
-  const int64_t router_bias = c.spec().router != RouterRule::softmax_topk ? E : 0;
+  const int64_t router_bias =
+      c.spec().router == RouterRule::sigmoid_grouped || c.spec().router == RouterRule::topk_softmax
+          ? E
+          : 0;
   n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
                  mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
                  n.experts, mul({moe_layers, shared}), mul({moe_layers, router_bias}),

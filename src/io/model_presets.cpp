@@ -29,14 +29,39 @@ void deepseek_v3_pieces(ModelConfig& c) {
   c.rms_norm_eps = 1e-6;
 }
 
+// What DeepSeek-V2's releases share beside V3's pieces: the family, its
+// softmax router (never renormalised) and YaRN with mscale 0.707 on both
+// sides (so the softmax scale grows, the cos/sin do not).
+void deepseek_v2_pieces(ModelConfig& c) {
+  c.family = ModelFamily::deepseek_v2;
+  c.model_type = "deepseek_v2";
+  c.norm_topk_prob = false;
+  c.rope_scaling.mscale = 0.707;
+  c.rope_scaling.mscale_all_dim = 0.707;
+  c.num_nextn_predict_layers = 0;
+}
+
 }  // namespace
 
 std::vector<std::string> preset_names() {
-  return {"tiny",         "tiny-qwen2-moe",   "tiny-glm4-moe",
-          "tiny-gpt-oss", "tiny-deepseek-v3", "tiny-glm4-moe-lite",
-          "small",        "qwen3-30b-a3b",    "qwen2-57b-a14b",
-          "glm-4.5-air",  "gpt-oss-20b",      "gpt-oss-120b",
-          "deepseek-v3",  "kimi-k2",          "glm-4.7-flash"};
+  return {"tiny",
+          "tiny-qwen2-moe",
+          "tiny-glm4-moe",
+          "tiny-gpt-oss",
+          "tiny-deepseek-v3",
+          "tiny-glm4-moe-lite",
+          "tiny-deepseek-v2",
+          "small",
+          "qwen3-30b-a3b",
+          "qwen2-57b-a14b",
+          "glm-4.5-air",
+          "gpt-oss-20b",
+          "gpt-oss-120b",
+          "deepseek-v3",
+          "kimi-k2",
+          "glm-4.7-flash",
+          "deepseek-v2",
+          "deepseek-v2-lite"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -45,7 +70,8 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.tie_word_embeddings = false;
   c.rms_norm_eps = 1e-6;
   if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe" ||
-      name == "tiny-gpt-oss" || name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite") {
+      name == "tiny-gpt-oss" || name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite" ||
+      name == "tiny-deepseek-v2") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -92,7 +118,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     }
     // DeepSeek-V3's pieces at tiny's shapes, YaRN as its; GLM-4.7-Flash's
     // are the same but for its plain RoPE and scaling factor.
-    if (name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite") {
+    if (name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite" || name == "tiny-deepseek-v2") {
       deepseek_v3_pieces(c);
       c.q_lora_rank = 32;
       c.kv_lora_rank = 16;
@@ -114,6 +140,12 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
       c.rope_scaling = {};
       c.routed_scaling_factor = 1.8;
       c.rms_norm_eps = 1e-5;
+    }
+    if (name == "tiny-deepseek-v2") {  // V2's router over the same shapes, 2 shared experts
+      deepseek_v2_pieces(c);
+      c.shared_expert_intermediate_size = 2 * c.moe_intermediate_size;
+      c.topk_method = "group_limited_greedy";
+      c.routed_scaling_factor = 16.0;
     }
   } else if (name == "gpt-oss-20b" || name == "gpt-oss-120b") {
     // openai/gpt-oss-20b's and -120b's config.json as published (their
@@ -271,6 +303,38 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     // config.json naming only its model_type, stored in bf16.
     c = parse_model_config(R"({"model_type": "glm4_moe_lite", "torch_dtype": "bfloat16"})",
                            "preset glm-4.7-flash");
+  } else if (name == "deepseek-v2" || name == "deepseek-v2-lite") {
+    // deepseek-ai/DeepSeek-V2's and DeepSeek-V2-Lite's config.json as
+    // published: V2 routes 6 of 160 experts within the 3 best of 8 groups
+    // and compresses q through a latent; Lite routes 6 of 64 greedily and
+    // takes q straight from the hidden state.
+    const bool lite = name == "deepseek-v2-lite";
+    deepseek_v3_pieces(c);
+    deepseek_v2_pieces(c);
+    c.vocab_size = 102400;
+    c.hidden_size = lite ? 2048 : 5120;
+    c.intermediate_size = lite ? 10944 : 12288;
+    c.moe_intermediate_size = lite ? 1408 : 1536;
+    c.shared_expert_intermediate_size = 2 * c.moe_intermediate_size;
+    c.num_hidden_layers = lite ? 27 : 60;
+    c.num_attention_heads = lite ? 16 : 128;
+    c.num_key_value_heads = c.num_attention_heads;
+    c.q_lora_rank = lite ? 0 : 1536;
+    c.kv_lora_rank = 512;
+    c.qk_nope_head_dim = 128;
+    c.qk_rope_head_dim = 64;
+    c.v_head_dim = 128;
+    c.head_dim = 64;
+    c.num_experts = lite ? 64 : 160;
+    c.num_experts_per_tok = 6;
+    c.topk_method = lite ? "greedy" : "group_limited_greedy";
+    c.n_group = lite ? 1 : 8;
+    c.topk_group = lite ? 1 : 3;
+    c.routed_scaling_factor = lite ? 1.0 : 16.0;
+    c.first_k_dense_replace = 1;
+    c.max_position_embeddings = 163840;
+    c.bos_token_id = 100000;
+    c.eos_token_id = {100001};
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;

@@ -15,6 +15,14 @@ RouterConfig router_config(const ModelConfig& c) {
     case RouterRule::sigmoid_grouped:
       r.kind = RouterKind::deepseek_v3;
       break;
+    case RouterRule::softmax_grouped:
+      r.kind = RouterKind::deepseek_v2;
+      r.routed_scaling_factor = c.routed_scaling_factor;
+      if (c.topk_method == "group_limited_greedy") {  // greedy: all experts, one group
+        r.n_group = c.n_group;
+        r.topk_group = c.topk_group;
+      }
+      break;
     case RouterRule::topk_softmax:
       r.kind = RouterKind::gpt_oss;
       break;

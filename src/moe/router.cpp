@@ -26,6 +26,7 @@ std::string_view router_kind_name(RouterKind kind) {
   switch (kind) {
     case RouterKind::softmax_topk: return "softmax_topk";
     case RouterKind::deepseek_v3: return "deepseek_v3";
+    case RouterKind::deepseek_v2: return "deepseek_v2";
     case RouterKind::gpt_oss: return "gpt_oss";
   }
   return "?";
@@ -45,19 +46,20 @@ void RouterConfig::validate(std::string_view where) const {
   TIERMOE_CHECK(top_k >= 1 && top_k <= num_experts,
                 str_of("router top_k K = ", top_k, " must be in [1, E = ", num_experts, "]"), at,
                 "check num_experts_per_tok against the number of experts");
-  if (kind != RouterKind::deepseek_v3) {
+  const bool grouped = kind == RouterKind::deepseek_v3 || kind == RouterKind::deepseek_v2;
+  if (!grouped) {
     // Silently ignoring these would route differently from what the config says.
     TIERMOE_CHECK(n_group == 1 && topk_group == 1 && routed_scaling_factor == 1.0,
                   str_of("n_group = ", n_group, ", topk_group = ", topk_group,
                          ", routed_scaling_factor = ", routed_scaling_factor, " given to a ",
                          router_kind_name(kind), " router"),
-                  at, "group-limited routing and score scaling exist only for deepseek_v3");
+                  at, "group-limited routing and score scaling exist only for DeepSeek's routers");
     return;
   }
   TIERMOE_CHECK(n_group >= 1 && num_experts % n_group == 0,
                 str_of("n_group = ", n_group, " does not divide E = ", num_experts), at,
-                "DeepSeek-V3 groups are E / n_group consecutive experts; pick n_group dividing E");
-  TIERMOE_CHECK(num_experts / n_group >= 2,
+                "DeepSeek's groups are E / n_group consecutive experts; pick n_group dividing E");
+  TIERMOE_CHECK(kind == RouterKind::deepseek_v2 || num_experts / n_group >= 2,
                 str_of("groups of ", num_experts / n_group, " expert(s): E = ", num_experts,
                        ", n_group = ", n_group),
                 at, "a group's score is the sum of its top-2 scores, so groups need >= 2 experts");
@@ -71,6 +73,11 @@ void RouterConfig::validate(std::string_view where) const {
   TIERMOE_CHECK(std::isfinite(routed_scaling_factor) && routed_scaling_factor > 0,
                 str_of("routed_scaling_factor = ", routed_scaling_factor, " must be > 0"), at,
                 "DeepSeek-V3 uses 2.5; 1.0 disables the scaling");
+  // transformers' DeepseekV2TopkRouter never renormalises (it drops the field).
+  TIERMOE_CHECK(kind == RouterKind::deepseek_v3 || !norm_topk_prob,
+                "norm_topk_prob given to a deepseek_v2 router", at,
+                "DeepSeek-V2's weights are the chosen experts' softmax scores, scaled, as "
+                "transformers computes them");
 }
 
 Router::Router(RouterConfig cfg, DType dtype, std::string name)

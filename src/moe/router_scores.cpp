@@ -100,6 +100,40 @@ void route_deepseek_v3(int32_t* ids_K, S* weights_K, S* probs_E, const S* logits
   }
 }
 
+// DeepSeek-V2's: group-limited like V3's, but on the softmax itself, a group
+// scoring its best expert, and with no selection bias; the weights are the
+// chosen probabilities, scaled.
+template <class S>
+void route_deepseek_v2(int32_t* ids_K, S* weights_K, S* probs_E, const S* logits_E,
+                       const RouterConfig& cfg, RouteScratch<S>& scratch) {
+  const int64_t E = cfg.num_experts, K = cfg.top_k;
+  const int64_t G = cfg.n_group, per_group = E / G;
+  softmax_row(probs_E, logits_E, E);
+  const S* choice_E = probs_E;
+  if (cfg.topk_group < G) {
+    scratch.values.resize(size_t(E + G));
+    scratch.ids.resize(size_t(cfg.topk_group));
+    S* masked_E = scratch.values.data();
+    S* group_score_G = masked_E + E;
+    int32_t* kept = scratch.ids.data();
+    for (int64_t g = 0; g < G; ++g) {
+      const S* p = probs_E + g * per_group;
+      group_score_G[g] = *std::max_element(p, p + per_group);
+    }
+    top_k(kept, group_score_G, G, cfg.topk_group);
+    // Dropped groups' experts score 0, as HF's masked_fill(0.0) leaves them.
+    std::fill(masked_E, masked_E + E, S(0));
+    for (int64_t i = 0; i < cfg.topk_group; ++i) {
+      const int64_t g = kept[i];
+      std::copy(probs_E + g * per_group, probs_E + (g + 1) * per_group, masked_E + g * per_group);
+    }
+    choice_E = masked_E;
+  }
+  top_k(ids_K, choice_E, E, K);
+  const S scale = S(cfg.routed_scaling_factor);
+  for (int64_t k = 0; k < K; ++k) weights_K[k] = probs_E[ids_K[k]] * scale;
+}
+
 template <class S>
 void route_gpt_oss(int32_t* ids_K, S* weights_K, S* probs_E, const S* logits_E,
                    const RouterConfig& cfg, RouteScratch<S>& scratch) {
@@ -123,6 +157,8 @@ void route_token(int32_t* ids_K, S* weights_K, S* probs_E, const S* logits_E,
     case RouterKind::deepseek_v3:
       return route_deepseek_v3(ids_K, weights_K, probs_E, logits_E, selection_bias_E, cfg,
                                scratch);
+    case RouterKind::deepseek_v2:
+      return route_deepseek_v2(ids_K, weights_K, probs_E, logits_E, cfg, scratch);
     case RouterKind::gpt_oss:
       return route_gpt_oss(ids_K, weights_K, probs_E, logits_E, cfg, scratch);
   }
@@ -137,14 +173,17 @@ void route_token_backward(S* dlogits_E, const S* dweights_K, const S* probs_E,
   S dot = 0;
   for (int64_t k = 0; k < K; ++k) dot += dweights_K[k] * weights_K[k];
   switch (cfg.kind) {
-    case RouterKind::softmax_topk: {
-      // w_k = p_k, or p_k / sum_j p_j: dp is nonzero on the chosen experts only.
+    case RouterKind::softmax_topk:
+    case RouterKind::deepseek_v2: {
+      // w_k = scale * p_k, or p_k / sum_j p_j (softmax_topk's scale is 1): dp
+      // is nonzero on the chosen experts only. The group limit only selects.
+      const S scale = S(cfg.routed_scaling_factor);
       S sum = 0;
       for (int64_t k = 0; k < K; ++k) sum += probs_E[ids_K[k]];
       scratch.values.assign(size_t(E), S(0));
       S* dp_E = scratch.values.data();
       for (int64_t k = 0; k < K; ++k) {
-        dp_E[ids_K[k]] = cfg.norm_topk_prob ? (dweights_K[k] - dot) / sum : dweights_K[k];
+        dp_E[ids_K[k]] = cfg.norm_topk_prob ? (dweights_K[k] - dot) / sum : scale * dweights_K[k];
       }
       // Softmax over E: dl_e = p_e * (dp_e - sum_j dp_j p_j).
       S dp_dot_p = 0;

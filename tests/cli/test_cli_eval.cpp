@@ -181,7 +181,8 @@ TEST_F(CliEval, SaveGradsWritesEveryFamilysGradientsAsTransformersHoldsThem) {
       {data + "/families/qwen3_moe_yarn", ""}, {data + "/families/gpt_oss", ""},
       {data + "/families/deepseek_v3", ""},    {data + "/families/deepseek_v3_q_proj", ""},
       {data + "/families/qwen3_moe_int4", ""}, {data + "/families/deepseek_v3_fp8", ""},
-      {data + "/families/glm4_moe_lite", ""},  {data + "/mxfp4/model", data + "/mxfp4"}};
+      {data + "/families/glm4_moe_lite", ""},  {data + "/families/deepseek_v2", ""},
+      {data + "/mxfp4/model", data + "/mxfp4"}};
   for (const auto& [model, files] : fixtures) {
     SCOPED_TRACE(model);
     const std::string dir = files.empty() ? model : files;

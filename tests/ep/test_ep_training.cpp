@@ -160,7 +160,10 @@ INSTANTIATE_TEST_SUITE_P(
              true, "tiny-deepseek-v3"},
         // GLM-4.7-Flash: DeepSeek-V3's model under its own family spec.
         Case{"glm4_moe_lite_f64_full_device_tier", DType::f64, nullptr, "auto", "none", true,
-             nullptr, true, "tiny-glm4-moe-lite"}),
+             nullptr, true, "tiny-glm4-moe-lite"},
+        // DeepSeek-V2: V3's attention under the softmax group-limited router.
+        Case{"deepseek_v2_f64_full_device_tier", DType::f64, nullptr, "auto", "none", true, nullptr,
+             true, "tiny-deepseek-v2"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

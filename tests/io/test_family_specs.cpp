@@ -45,7 +45,7 @@ std::vector<std::string> transformers_configs() {
 }
 
 TEST(FamilySpecs, EachFamilyIsFoundByItsModelTypeAndAliases) {
-  ASSERT_EQ(all_families().size(), 8u);
+  ASSERT_EQ(all_families().size(), 9u);
   for (ModelFamily family : all_families()) {
     const FamilySpec& spec = family_spec(family);
     EXPECT_EQ(spec.family, family);
@@ -66,9 +66,12 @@ TEST(FamilySpecs, AbsentFieldsReadAsTransformersClassDefaults) {
     const std::string path = class_defaults_path(family);
     SCOPED_TRACE(path);
     const ModelConfig defaults = parse_model_config(read_text(path), path);
-    // The one field make_family_configs.py gives a class (GLM-4.5's head_dim:
-    // the class has none, and hidden_size // heads is 42.67).
-    const std::string extra = family == ModelFamily::glm4_moe ? R"(, "head_dim": 128)" : "";
+    // The fields make_family_configs.py gives a class (GLM-4.5's head_dim:
+    // the class has none, and hidden_size // heads is 42.67;
+    // and DeepSeek-V2's num_experts_per_tok: null in the class, which cannot route).
+    const std::string extra = family == ModelFamily::glm4_moe      ? R"(, "head_dim": 128)"
+                              : family == ModelFamily::deepseek_v2 ? R"(, "num_experts_per_tok": 6)"
+                                                                   : "";
     const ModelConfig bare = parse_model_config(
         R"({"model_type": ")" + std::string(family_name(family)) + "\"" + extra + "}", "bare");
     EXPECT_EQ(bare.to_json(), defaults.to_json());

@@ -18,16 +18,9 @@ inline RouterConfig router_config(RouterKind kind, int64_t D, int64_t E, int64_t
     c.norm_topk_prob = true;
     c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 2.5;
   }
+  if (kind == RouterKind::deepseek_v2)
+    c.n_group = 4, c.topk_group = 2, c.routed_scaling_factor = 3.0;
   return c;
-}
-
-inline const char* router_name(RouterKind k) {
-  switch (k) {
-    case RouterKind::softmax_topk: return "softmax_topk";
-    case RouterKind::deepseek_v3: return "deepseek_v3";
-    case RouterKind::gpt_oss: return "gpt_oss";
-  }
-  return "?";
 }
 
 struct LayerRig {

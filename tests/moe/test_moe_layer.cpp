@@ -12,7 +12,7 @@ using testing::Variant;
 // d loss / d every parameter and x of the whole layer (route, dispatch,
 // compute, combine) against f64 central differences.
 void check_layer_fd(RouterKind kind, Variant v, AbsorbScores absorb) {
-  SCOPED_TRACE(std::string(testing::router_name(kind)) + " " + testing::variant_name(v) + " " +
+  SCOPED_TRACE(std::string(router_kind_name(kind)) + " " + testing::variant_name(v) + " " +
                std::string(absorb_scores_name(absorb)));
   LayerRig rig(kind, v, DType::f64, 41);
   PaddedDispatcher disp = PaddedDispatcher::to_multiple(4);
@@ -40,6 +40,7 @@ TEST(MoeLayer, GradientsMatchFiniteDifferences) {
   check_layer_fd(RouterKind::softmax_topk, Variant::swiglu, AbsorbScores::off);
   check_layer_fd(RouterKind::gpt_oss, Variant::gpt_oss_bias, AbsorbScores::on);
   check_layer_fd(RouterKind::deepseek_v3, Variant::swiglu, AbsorbScores::on);
+  check_layer_fd(RouterKind::deepseek_v2, Variant::swiglu, AbsorbScores::off);
   check_layer_fd(RouterKind::softmax_topk, Variant::post_norm, AbsorbScores::automatic);
 }
 

@@ -92,11 +92,11 @@ INSTANTIATE_TEST_SUITE_P(
     AllPaths, AbsorbParity,
     ::testing::Combine(::testing::Values(0, 1, 2),
                        ::testing::Values(RouterKind::softmax_topk, RouterKind::deepseek_v3,
-                                         RouterKind::gpt_oss),
+                                         RouterKind::deepseek_v2, RouterKind::gpt_oss),
                        ::testing::Values(Variant::swiglu, Variant::gpt_oss_bias)),
     [](const auto& info) {
       return std::string(dispatcher_label(std::get<0>(info.param))) + "_" +
-             testing::router_name(std::get<1>(info.param)) + "_" +
+             std::string(router_kind_name(std::get<1>(info.param))) + "_" +
              testing::variant_name(std::get<2>(info.param));
     });
 

@@ -33,6 +33,15 @@ RouterConfig deepseek_cfg(int64_t D, int64_t E, int64_t K, int64_t groups, int64
   return c;
 }
 
+RouterConfig deepseek_v2_cfg(int64_t D, int64_t E, int64_t K, int64_t groups, int64_t keep,
+                             double scale) {
+  RouterConfig c;
+  c.kind = RouterKind::deepseek_v2;
+  c.hidden = D, c.num_experts = E, c.top_k = K;
+  c.n_group = groups, c.topk_group = keep, c.routed_scaling_factor = scale;
+  return c;
+}
+
 RouterConfig gpt_oss_cfg(int64_t D, int64_t E, int64_t K) {
   RouterConfig c;
   c.kind = RouterKind::gpt_oss;
@@ -90,6 +99,23 @@ std::pair<std::vector<int32_t>, std::vector<S>> reference_route(const Router& ro
     S sum = 0;
     for (int32_t id : ids) sum += p[id];
     for (int32_t id : ids) weight.push_back(c.norm_topk_prob ? p[id] / sum : p[id]);
+  } else if (c.kind == RouterKind::deepseek_v2) {
+    std::vector<S> p = plain_softmax(logit), choice = p;
+    const int64_t per = E / c.n_group;
+    std::vector<S> group(c.n_group);
+    for (int64_t g = 0; g < c.n_group; ++g) {
+      group[g] = *std::max_element(p.begin() + g * per, p.begin() + (g + 1) * per);
+    }
+    std::vector<int32_t> groups = sorted_ids(group);
+    for (int64_t e = 0; e < E; ++e) {
+      if (std::find(groups.begin(), groups.begin() + c.topk_group, e / per) ==
+          groups.begin() + c.topk_group) {
+        choice[e] = 0;
+      }
+    }
+    ids = sorted_ids(choice);
+    ids.resize(K);
+    for (int32_t id : ids) weight.push_back(p[id] * S(c.routed_scaling_factor));
   } else if (c.kind == RouterKind::gpt_oss) {
     ids = sorted_ids(logit);
     ids.resize(K);
@@ -128,8 +154,12 @@ std::pair<std::vector<int32_t>, std::vector<S>> reference_route(const Router& ro
 }
 
 std::vector<RouterConfig> all_configs() {
-  return {softmax_cfg(16, 8, 2, false), softmax_cfg(16, 8, 3, true),
-          deepseek_cfg(16, 16, 4, 4, 2, true, 2.5), deepseek_cfg(16, 8, 2, 1, 1, false, 1.7),
+  return {softmax_cfg(16, 8, 2, false),
+          softmax_cfg(16, 8, 3, true),
+          deepseek_cfg(16, 16, 4, 4, 2, true, 2.5),
+          deepseek_cfg(16, 8, 2, 1, 1, false, 1.7),
+          deepseek_v2_cfg(16, 16, 4, 4, 2, 2.5),
+          deepseek_v2_cfg(16, 8, 3, 1, 1, 1.0),
           gpt_oss_cfg(16, 8, 3)};
 }
 
@@ -365,6 +395,29 @@ TEST(Router, DeepSeekBiasSelectsButDoesNotWeigh) {
     EXPECT_FALSE(router.has_grad("e_score_correction_bias"));
     EXPECT_THROW(router.grad("e_score_correction_bias"), Error);
   }
+}
+
+TEST(Router, DeepSeekV2KeepsGroupsByTheirBestExpert) {
+  // Groups of two, one kept. Group 0 holds the best expert; group 1 the better
+  // pair (V3's top-2 sum would keep it). V2 keeps group 0, so its weak expert 1
+  // is chosen over both of group 1's.
+  const std::vector<double> logits{3.0, -5.0, 2.0, 2.0};
+  Router router(deepseek_v2_cfg(1, 4, 2, 2, 1, 16.0), DType::f64);
+  Routing r = route_logits(router, logits);
+  EXPECT_EQ(r.ids_TK, (std::vector<int32_t>{0, 1}));
+  // Weights are the softmax over all E (not over the kept group), scaled.
+  double sum = 0;
+  for (double l : logits) sum += std::exp(l);
+  EXPECT_NEAR(r.weights_TK.get(0), 16.0 * std::exp(3.0) / sum, 1e-14);
+  EXPECT_NEAR(r.weights_TK.get(1), 16.0 * std::exp(-5.0) / sum, 1e-14);
+  // Greedy (one group): the two best of all.
+  Router greedy(deepseek_v2_cfg(1, 4, 2, 1, 1, 16.0), DType::f64);
+  EXPECT_EQ(route_logits(greedy, logits).ids_TK, (std::vector<int32_t>{0, 2}));
+  // It never renormalises, and groups of one expert are fine.
+  RouterConfig norm = deepseek_v2_cfg(1, 4, 2, 1, 1, 1.0);
+  norm.norm_topk_prob = true;
+  EXPECT_THROW(norm.validate(), Error);
+  EXPECT_NO_THROW(deepseek_v2_cfg(1, 4, 2, 4, 2, 1.0).validate());
 }
 
 TEST(Router, DeepSeekSelectionBiasUpdateFollowsImbalance) {

@@ -114,6 +114,16 @@ def glm4_moe_lite():
         routed_scaling_factor=1.8, rope_interleave=True, rope_parameters=ROPE))
 
 
+def deepseek_v2():
+    cfg = dict(COMMON, num_key_value_heads=4)
+    return transformers.DeepseekV2ForCausalLM(transformers.DeepseekV2Config(
+        **cfg, intermediate_size=32, moe_intermediate_size=F, n_shared_experts=2,
+        num_hidden_layers=3, first_k_dense_replace=1, q_lora_rank=12, kv_lora_rank=10,
+        qk_nope_head_dim=6, qk_rope_head_dim=4, v_head_dim=5, n_routed_experts=8, n_group=4,
+        topk_group=2, topk_method="group_limited_greedy", num_experts_per_tok=3,
+        routed_scaling_factor=6.0, rope_parameters=ROPE))
+
+
 def gpt_oss():
     return transformers.GptOssForCausalLM(transformers.GptOssConfig(
         **COMMON, intermediate_size=F, num_hidden_layers=2, head_dim=8, num_local_experts=4,
@@ -123,9 +133,9 @@ def gpt_oss():
 
 
 FAMILIES = {f.__name__: f for f in (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, deepseek_v3,
-                                     glm4_moe_lite, gpt_oss)}
+                                     glm4_moe_lite, deepseek_v2, gpt_oss)}
 # Families whose router scales its weights (a doubled score can be made through the config).
-SCALED = {"glm4_moe", "deepseek_v3", "glm4_moe_lite"}
+SCALED = {"glm4_moe", "deepseek_v3", "glm4_moe_lite", "deepseek_v2"}
 
 
 def randomize(model, seed=0):

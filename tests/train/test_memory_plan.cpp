@@ -123,7 +123,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-deepseek-v3", false, DType::bf16, "default", 4, 64},
                       Case{"tiny-deepseek-v3", true, DType::bf16, "none", 4, 64, false},
                       Case{"tiny-deepseek-v3", false, DType::f32, "full", 4, 64},
-                      Case{"tiny-glm4-moe-lite", true, DType::bf16, "default", 4, 64}),
+                      Case{"tiny-glm4-moe-lite", true, DType::bf16, "default", 4, 64},
+                      Case{"tiny-deepseek-v2", false, DType::bf16, "default", 4, 64}),
     case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most

@@ -20,6 +20,7 @@ enum class ModelFamily : uint8_t {
   gpt_oss,
   deepseek_v3,    // and Kimi-K2 (model_type kimi_k2: the same architecture)
   glm4_moe_lite,  // GLM-4.7-Flash
+  deepseek_v2,
 };
 
 // How attention normalises q and k before RoPE.
@@ -37,6 +38,7 @@ enum class AttentionKind : uint8_t {
 enum class RouterRule : uint8_t {
   softmax_topk,     // softmax over the E logits, top K (renormalised when asked)
   sigmoid_grouped,  // DeepSeek-V3's: sigmoid, e_score_correction_bias, group-limited, scaled
+  softmax_grouped,  // DeepSeek-V2's: softmax, greedy or group-limited by each group's best, scaled
   topk_softmax,     // gpt-oss's: a biased router's top K logits, softmaxed over those K
 };
 

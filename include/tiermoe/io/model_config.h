@@ -83,8 +83,11 @@ struct ModelConfig {
   // and the checkpoint's multi-token-prediction layers (model.layers.L ..
   // L + num_nextn_predict_layers - 1) are skipped on load, as transformers does.
   int64_t first_k_dense_replace = 0;
-  int64_t n_group = 1, topk_group = 1;
+  int64_t n_group = 1, topk_group = 1;  // DeepSeek-V2: 0 for config.json's null
   double routed_scaling_factor = 1.0;
+  // DeepSeek-V2: "greedy" (the top K of all experts) or "group_limited_greedy"
+  // (of the topk_group groups with the best single score); empty elsewhere.
+  std::string topk_method;
   bool use_qk_norm = false;
   double partial_rotary_factor = 1.0;
   int64_t num_nextn_predict_layers = 0;

@@ -6,6 +6,9 @@
 //   deepseek_v3   s = sigmoid(W x); experts are chosen on s + e_score_correction_bias
 //                 restricted to the topk_group best groups; w = s[idx] (unbiased),
 //                 / (sum + 1e-20) iff norm_topk_prob, then * routed_scaling_factor.
+//   deepseek_v2   p = softmax(W x) over E; experts are chosen on p restricted to the
+//                 topk_group groups of best maximum p (all of them: greedy);
+//                 w = p[idx] * routed_scaling_factor, never renormalised.
 //   gpt_oss       l = W x + b; top-k of l; w = softmax over the K chosen logits.
 //
 // Numerics: the logits and everything after them are fp32 for f32 and bf16 runs
@@ -22,7 +25,7 @@
 
 namespace tiermoe {
 
-enum class RouterKind { softmax_topk, deepseek_v3, gpt_oss };
+enum class RouterKind { softmax_topk, deepseek_v3, deepseek_v2, gpt_oss };
 std::string_view router_kind_name(RouterKind kind);  // "softmax_topk", ...
 
 struct RouterConfig {
@@ -31,8 +34,8 @@ struct RouterConfig {
   int64_t num_experts = 0;  // E
   int64_t top_k = 0;        // K
   bool norm_topk_prob = false;           // softmax_topk (Qwen3-MoE/OLMoE); Mixtral sets it true; deepseek_v3
-  int64_t n_group = 1, topk_group = 1;   // deepseek_v3
-  double routed_scaling_factor = 1.0;    // deepseek_v3
+  int64_t n_group = 1, topk_group = 1;   // deepseek_v3, deepseek_v2
+  double routed_scaling_factor = 1.0;    // deepseek_v3, deepseek_v2
   // Throws Error (naming `where`) on D, E or K < 1, K > E, groups not dividing E, topk_group > n_group,
   // K > (E / n_group) * topk_group, options that the kind does not use, ...
   void validate(std::string_view where = "router") const;
@@ -42,7 +45,7 @@ struct RouterConfig {
 struct Routing {
   int64_t T = 0, K = 0;
   Tensor logits_TE;             // router logits (gpt_oss: W x + b)
-  Tensor probs_TE;              // softmax_topk, gpt_oss: softmax over E; deepseek_v3: sigmoid
+  Tensor probs_TE;              // softmax over E; deepseek_v3: sigmoid
   std::vector<int32_t> ids_TK;  // selected experts, slot order k = 0..K-1 (descending selection score)
   Tensor weights_TK;            // combine weights
 };

@@ -294,10 +294,10 @@ void common_fields(ConfigIo& io, ModelConfig& c, const CommonDefaults& d) {
   io.field("pad_token_id", c.pad_token_id, d.pad_token_id);
 }
 
-void shared_experts_field(ConfigIo& io, ModelConfig& c) {
+void shared_experts_field(ConfigIo& io, ModelConfig& c, int64_t dflt) {
   const int64_t F = c.moe_intermediate_size;
   int64_t shared = F > 0 ? c.shared_expert_intermediate_size / F : 0;
-  io.field("n_shared_experts", shared, 1);
+  io.field("n_shared_experts", shared, dflt);
   if (const FieldReader* r = io.reader(); r && shared < 0) {
     r->fail(str_of("config field 'n_shared_experts' is ", shared), "use 0 or more shared experts");
   }
@@ -306,7 +306,7 @@ void shared_experts_field(ConfigIo& io, ModelConfig& c) {
 
 void sigmoid_router_fields(ConfigIo& io, ModelConfig& c, const SigmoidRouterDefaults& d) {
   io.aliased("n_routed_experts", "num_local_experts", c.num_experts, d.n_routed_experts);
-  shared_experts_field(io, c);
+  shared_experts_field(io, c, 1);
   io.field("routed_scaling_factor", c.routed_scaling_factor, d.routed_scaling_factor);
   io.field("n_group", c.n_group, d.n_group);
   io.field("topk_group", c.topk_group, d.topk_group);
@@ -334,7 +334,11 @@ void mla_fields(ConfigIo& io, ModelConfig& c, const MlaDefaults& d) {
   io.field("qk_rope_head_dim", c.qk_rope_head_dim, 64);
   io.field("v_head_dim", c.v_head_dim, d.v_head_dim);
   c.head_dim = c.qk_rope_head_dim;  // as the config classes set it, whatever config.json says
-  io.field("rope_interleave", c.rope_interleave, true);
+  if (d.interleave_field) {
+    io.field("rope_interleave", c.rope_interleave, true);
+  } else {
+    c.rope_interleave = true;
+  }
 }
 
 void validate_mla(const ModelConfig& c, const std::string& where) {

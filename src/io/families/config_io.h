@@ -99,8 +99,8 @@ struct CommonDefaults {
 };
 // The fields every family shares, read or written.
 void common_fields(ConfigIo& io, ModelConfig& c, const CommonDefaults& d);
-// n_shared_experts (GLM-4.5, DeepSeek-V3): shared experts of the expert width.
-void shared_experts_field(ConfigIo& io, ModelConfig& c);
+// n_shared_experts (GLM-4.5, DeepSeek-V2/V3): shared experts of the expert width.
+void shared_experts_field(ConfigIo& io, ModelConfig& c, int64_t dflt);
 // The sigmoid router's fields (GLM-4.5, DeepSeek-V3, GLM-4.7-Flash), with
 // their class defaults, and the shared experts beside it.
 struct SigmoidRouterDefaults {
@@ -117,6 +117,9 @@ void dense_first_fields(ConfigIo& io, ModelConfig& c, int64_t first_k_dense_repl
 struct MlaDefaults {
   std::optional<int64_t> q_lora_rank;
   int64_t qk_nope_head_dim, v_head_dim;
+  // Whether config.json says rope_interleave (DeepSeek-V3's classes); without
+  // it the rope dims are always pairs (DeepSeek-V2's complex rotation).
+  bool interleave_field = true;
 };
 void mla_fields(ConfigIo& io, ModelConfig& c, const MlaDefaults& d);
 void validate_mla(const ModelConfig& c, const std::string& where);
@@ -136,6 +139,7 @@ const FamilyDef& glm4_moe();
 const FamilyDef& gpt_oss();
 const FamilyDef& deepseek_v3();
 const FamilyDef& glm4_moe_lite();
+const FamilyDef& deepseek_v2();
 
 const FamilyDef& family_def(ModelFamily family);
 // The family whose model_type or alias is `model_type`; null when none.
