@@ -24,6 +24,7 @@ EXPERTS = {
     "DeepseekV3Experts": "swiglu",
     "Glm4MoeLiteExperts": "swiglu",
     "DeepseekV2Experts": "swiglu",
+    "MiniMaxM2Experts": "swiglu",
     "GptOssExperts": "gpt_oss",
 }
 
@@ -38,6 +39,11 @@ class BlockSpec:
     shared: Optional[Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]] = None
     returns_scores: bool = False  # gpt-oss's block returns (out, router_scores)
     jitter: bool = False  # Mixtral's router_jitter_noise in training
+    # deepseek_v3: the e_score_correction_bias (the router's; MiniMax-M2's block holds it),
+    # and whether the router has groups and a scale (MiniMax-M2's has neither).
+    selection_bias: Callable[[torch.nn.Module], torch.Tensor] = (
+        lambda block: block.gate.e_score_correction_bias)
+    grouped: bool = True
 
 
 def _qwen2_shared(block, x_TD):
@@ -60,6 +66,9 @@ BLOCKS = {
     # transformers' V2 router drops norm_topk_prob: it never renormalises.
     "DeepseekV2Moe": BlockSpec("gate", "deepseek_v2", renormalize=lambda gate: False,
                                shared=_deepseek_shared),
+    "MiniMaxM2SparseMoeBlock": BlockSpec("gate", "deepseek_v3", renormalize=lambda gate: True,
+                                         jitter=True, grouped=False,
+                                         selection_bias=lambda block: block.e_score_correction_bias),
     "GptOssMLP": BlockSpec("router", "gpt_oss", renormalize=lambda gate: False,
                            returns_scores=True),
 }
@@ -116,7 +125,7 @@ def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
         gate = getattr(block, spec.router_attr)
         kwargs.update(router=spec.router, top_k=int(gate.top_k),
                       norm_topk_prob=bool(spec.renormalize(gate)))
-        if spec.router == "deepseek_v3":
+        if spec.router == "deepseek_v3" and spec.grouped:
             kwargs.update(n_group=int(gate.num_group), topk_group=int(gate.topk_group),
                           routed_scaling_factor=float(gate.routed_scaling_factor))
         if spec.router == "deepseek_v2":  # greedy: one group holding every expert

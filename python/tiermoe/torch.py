@@ -114,7 +114,7 @@ class TieredMoE(torch.nn.Module):
         check_input(self.block_name, x_TD, engine.dtype)
         gate = getattr(self, self.spec.router_attr)
         bias = gate.bias if self.spec.router == "gpt_oss" else None
-        selection_bias = gate.e_score_correction_bias if self.spec.router == "deepseek_v3" else None
+        selection_bias = self.spec.selection_bias(self) if self.spec.router == "deepseek_v3" else None
         engine.sync_router(gate.weight, bias, selection_bias)
         experts, factors = unwrap(self.experts)
         lora = None

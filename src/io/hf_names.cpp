@@ -98,7 +98,10 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
     return;
   }
   // Selects experts only: never trained, initialised to zero like a bias.
-  if (spec.sigmoid_router()) add(router + "e_score_correction_bias", {c.num_experts}, HfRole::bias);
+  if (spec.sigmoid_router()) {
+    const std::string& owner = spec.selection_bias_on_block ? block : router;
+    add(owner + "e_score_correction_bias", {c.num_experts}, HfRole::bias);
+  }
   for (int64_t e = 0; e < c.num_experts; ++e) {
     const std::string ep = block + "experts." + std::to_string(e) + ".";
     const auto& [gate, up, down] = spec.expert_projections;

@@ -51,6 +51,7 @@ std::vector<std::string> preset_names() {
           "tiny-deepseek-v3",
           "tiny-glm4-moe-lite",
           "tiny-deepseek-v2",
+          "tiny-minimax-m2",
           "small",
           "qwen3-30b-a3b",
           "qwen2-57b-a14b",
@@ -61,7 +62,8 @@ std::vector<std::string> preset_names() {
           "kimi-k2",
           "glm-4.7-flash",
           "deepseek-v2",
-          "deepseek-v2-lite"};
+          "deepseek-v2-lite",
+          "minimax-m2"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -71,7 +73,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.rms_norm_eps = 1e-6;
   if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe" ||
       name == "tiny-gpt-oss" || name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite" ||
-      name == "tiny-deepseek-v2") {
+      name == "tiny-deepseek-v2" || name == "tiny-minimax-m2") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -140,6 +142,13 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
       c.rope_scaling = {};
       c.routed_scaling_factor = 1.8;
       c.rms_norm_eps = 1e-5;
+    }
+    if (name == "tiny-minimax-m2") {  // MiniMax-M2's pieces: every layer MoE, half-head rope
+      c.family = ModelFamily::minimax_m2;
+      c.model_type = "minimax_m2";
+      c.intermediate_size = c.moe_intermediate_size;  // the config's one width
+      c.partial_rotary_factor = 0.5;
+      c.rope_theta = 5e6;
     }
     if (name == "tiny-deepseek-v2") {  // V2's router over the same shapes, 2 shared experts
       deepseek_v2_pieces(c);
@@ -335,6 +344,14 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.max_position_embeddings = 163840;
     c.bos_token_id = 100000;
     c.eos_token_id = {100001};
+  } else if (name == "minimax-m2") {
+    // MiniMaxM2Config's defaults in transformers 5.25 are MiniMax-M2's
+    // shapes (62 layers of 256 experts of 1536, 8 per token; 48 heads of
+    // 128, 8 kv heads); its released config.json adds rotary_dim 64, the
+    // rope on half of each head.
+    c = parse_model_config(
+        R"({"model_type": "minimax_m2", "rotary_dim": 64, "torch_dtype": "bfloat16"})",
+        "preset minimax-m2");
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;

@@ -19,8 +19,9 @@ void parse_fp8(const Json& q, const std::string& path) {
       "TierMoE reads block FP8 as DeepSeek-V3 ships it: {\"quant_method\": \"fp8\", \"fmt\": "
       "\"e4m3\", \"activation_scheme\": \"dynamic\", \"weight_block_size\": [128, 128]}";
   const std::string fmt = string_at(q, "fmt");
-  TIERMOE_CHECK(fmt.empty() || fmt == "e4m3", str_of("quantization_config.fmt is '", fmt, "'"),
-                path, hint);
+  // DeepSeek writes "e4m3", MiniMax torch's name for the same format.
+  TIERMOE_CHECK(fmt.empty() || fmt == "e4m3" || fmt == "float8_e4m3fn",
+                str_of("quantization_config.fmt is '", fmt, "'"), path, hint);
   const std::string act = string_at(q, "activation_scheme");
   TIERMOE_CHECK(act.empty() || act == "dynamic",
                 str_of("quantization_config.activation_scheme is '", act,

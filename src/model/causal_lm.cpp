@@ -124,7 +124,8 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
                    [&moe](bool on) { moe.set_router_requires_grad(on); }});
     if (config_.sigmoid_router()) {
       // Selection only, as in transformers (a buffer): never trained.
-      out.push_back({{router + "e_score_correction_bias", HfRole::bias,
+      const std::string owner = config_.spec().selection_bias_on_block ? block : router;
+      out.push_back({{owner + "e_score_correction_bias", HfRole::bias,
                       moe.router().param("e_score_correction_bias"), Tensor(), false},
                      [](bool) {}});
     }

@@ -163,7 +163,10 @@ INSTANTIATE_TEST_SUITE_P(
              nullptr, true, "tiny-glm4-moe-lite"},
         // DeepSeek-V2: V3's attention under the softmax group-limited router.
         Case{"deepseek_v2_f64_full_device_tier", DType::f64, nullptr, "auto", "none", true, nullptr,
-             true, "tiny-deepseek-v2"}),
+             true, "tiny-deepseek-v2"},
+        // MiniMax-M2: the sigmoid router's bias on the block, whole-projection q/k norm.
+        Case{"minimax_m2_f32_lora_device_tier", DType::f32, "q_proj,k_proj,v_proj,o_proj", "auto",
+             "default", true, nullptr, true, "tiny-minimax-m2"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

@@ -45,7 +45,7 @@ std::vector<std::string> transformers_configs() {
 }
 
 TEST(FamilySpecs, EachFamilyIsFoundByItsModelTypeAndAliases) {
-  ASSERT_EQ(all_families().size(), 9u);
+  ASSERT_EQ(all_families().size(), 10u);
   for (ModelFamily family : all_families()) {
     const FamilySpec& spec = family_spec(family);
     EXPECT_EQ(spec.family, family);
@@ -98,12 +98,13 @@ TEST(FamilySpecs, EveryConfigReadsBackIdenticallyFromWhatItWrites) {
 // are named.
 TEST(FamilySpecs, EveryFieldWrittenIsTheValueTransformersWrote) {
   // torch_dtype and the RoPE fields where transformers 4 keeps them;
-  // DeepSeek's own configuration code's routing fields; router_aux_loss_coef
+  // DeepSeek's and MiniMax's own configuration code's fields; router_aux_loss_coef
   // (the DeepSeek-V3 family's classes have none: no aux loss).
   const std::set<std::string> only_tiermoe = {
       "torch_dtype", "rope_theta",        "rope_scaling",         "partial_rotary_factor",
       "topk_method", "scoring_func",      "moe_layer_freq",       "head_dim",
-      "use_cache",   "max_window_layers", "router_aux_loss_coef", "transformers_version"};
+      "use_cache",   "max_window_layers", "router_aux_loss_coef", "transformers_version",
+      "use_qk_norm", "qk_norm_type",      "use_routing_bias",     "shared_intermediate_size"};
   // transformers 5's names for fields TierMoE writes under transformers 4's.
   const std::map<std::string, std::string> renamed_in_v5 = {
       {"num_experts", "num_local_experts"}, {"num_nextn_predict_layers", "num_mtp_layers"}};

@@ -1,6 +1,7 @@
 // Checkpoints that ship low-bit weights, as their libraries write them
 // (scripts/fixtures/make_quant_fixture.py): a Qwen3-MoE packed int4 by
-// compressed-tensors and a DeepSeek-V3 in block FP8. TierMoE's f64 loss and
+// compressed-tensors, a DeepSeek-V3 and a MiniMax-M2 in block FP8 (its
+// experts under Mixtral's w1/w3/w2 names). TierMoE's f64 loss and
 // gradients equal transformers' on the same files (loaded with
 // dequantize=True); the check fails on a file with one scale doubled; a
 // mapped f32 load, which keeps the routed experts at their stored width for
@@ -25,6 +26,7 @@ using testing::off_by_with;
 
 TEST(FamilyQwen3MoeInt4, EvalWindowsMatchTransformers) { check_family("qwen3_moe_int4", "eval"); }
 TEST(FamilyDeepseekV3Fp8, EvalWindowsMatchTransformers) { check_family("deepseek_v3_fp8", "eval"); }
+TEST(FamilyMinimaxM2Fp8, EvalWindowsMatchTransformers) { check_family("minimax_m2_fp8", "eval"); }
 
 // A copy of `family`'s checkpoint in `dir` with the first scale of tensor
 // `name` doubled (its exponent raised by one).
@@ -60,7 +62,9 @@ TEST_F(FamilyDir, TheCheckFailsWithAScaleDoubled) {
       {"qwen3_moe_int4", "model.layers.1.mlp.experts.0.up_proj.weight_scale"},
       {"qwen3_moe_int4", "model.layers.0.self_attn.q_proj.weight_scale"},
       {"deepseek_v3_fp8", "model.layers.2.mlp.experts.3.down_proj.weight_scale_inv"},
-      {"deepseek_v3_fp8", "model.layers.1.self_attn.kv_b_proj.weight_scale_inv"}};
+      {"deepseek_v3_fp8", "model.layers.1.self_attn.kv_b_proj.weight_scale_inv"},
+      {"minimax_m2_fp8", "model.layers.1.block_sparse_moe.experts.5.w3.weight_scale_inv"},
+      {"minimax_m2_fp8", "model.layers.0.self_attn.o_proj.weight_scale_inv"}};
   int i = 0;
   for (const auto& [family, scale] : cases) {
     const std::filesystem::path d = dir_ / std::to_string(i++);
@@ -74,7 +78,7 @@ TEST_F(FamilyDir, TheCheckFailsWithAScaleDoubled) {
 
 TEST(FamilyStoredQuant, MappedExpertsStayQuantizedAndGiveTheCopiedLoss) {
   testing::SingleThread one_thread;
-  for (const char* family : {"qwen3_moe_int4", "deepseek_v3_fp8"}) {
+  for (const char* family : {"qwen3_moe_int4", "deepseek_v3_fp8", "minimax_m2_fp8"}) {
     SCOPED_TRACE(family);
     const std::string dir = kFamilies + family;
     const nlohmann::json expected = expected_of(dir);

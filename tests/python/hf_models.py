@@ -124,6 +124,12 @@ def deepseek_v2():
         routed_scaling_factor=6.0, rope_parameters=ROPE))
 
 
+def minimax_m2():
+    return transformers.MiniMaxM2ForCausalLM(transformers.MiniMaxM2Config(
+        **COMMON, intermediate_size=F, num_hidden_layers=2, head_dim=12, num_local_experts=8,
+        num_experts_per_tok=2, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
+
+
 def gpt_oss():
     return transformers.GptOssForCausalLM(transformers.GptOssConfig(
         **COMMON, intermediate_size=F, num_hidden_layers=2, head_dim=8, num_local_experts=4,
@@ -133,7 +139,7 @@ def gpt_oss():
 
 
 FAMILIES = {f.__name__: f for f in (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, deepseek_v3,
-                                     glm4_moe_lite, deepseek_v2, gpt_oss)}
+                                     glm4_moe_lite, deepseek_v2, minimax_m2, gpt_oss)}
 # Families whose router scales its weights (a doubled score can be made through the config).
 SCALED = {"glm4_moe", "deepseek_v3", "glm4_moe_lite", "deepseek_v2"}
 

@@ -124,7 +124,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-deepseek-v3", true, DType::bf16, "none", 4, 64, false},
                       Case{"tiny-deepseek-v3", false, DType::f32, "full", 4, 64},
                       Case{"tiny-glm4-moe-lite", true, DType::bf16, "default", 4, 64},
-                      Case{"tiny-deepseek-v2", false, DType::bf16, "default", 4, 64}),
+                      Case{"tiny-deepseek-v2", false, DType::bf16, "default", 4, 64},
+                      Case{"tiny-minimax-m2", true, DType::bf16, "default", 4, 64, false}),
     case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most
@@ -242,7 +243,7 @@ TEST(MemoryPlan, CheckpointsShippedAtLowWidthArePlannedAsRead) {
   set_num_threads(1);
   TempDir dir;
   const std::string data = vocab64_tokens(dir);
-  for (const char* family : {"qwen3_moe_int4", "deepseek_v3_fp8"}) {
+  for (const char* family : {"qwen3_moe_int4", "deepseek_v3_fp8", "minimax_m2_fp8"}) {
     for (DType dt : {DType::f32, DType::bf16}) {
       TrainConfig c = config_of({"tiny", true, dt, "none", 2, 16, false});
       c.model_dir = std::string(TIERMOE_TEST_DATA_DIR) + "/families/" + family;
@@ -268,7 +269,8 @@ TEST(MemoryPlan, LowWidthExpertsOnTheDeviceTierArePlannedAsHeld) {
   const std::string fixtures = std::string(TIERMOE_TEST_DATA_DIR);
   for (const std::string model :
        {std::string(), fixtures + "/families/qwen3_moe_int4",
-        fixtures + "/families/deepseek_v3_fp8", fixtures + "/mxfp4/model"}) {
+        fixtures + "/families/deepseek_v3_fp8", fixtures + "/families/minimax_m2_fp8",
+        fixtures + "/mxfp4/model"}) {
     TrainConfig c = config_of({"tiny", true, DType::bf16, "none", 2, 16, false});
     if (model.empty()) {
       c.experts = QuantFormat::int4;

@@ -21,6 +21,7 @@ enum class ModelFamily : uint8_t {
   deepseek_v3,    // and Kimi-K2 (model_type kimi_k2: the same architecture)
   glm4_moe_lite,  // GLM-4.7-Flash
   deepseek_v2,
+  minimax_m2,
 };
 
 // How attention normalises q and k before RoPE.
@@ -79,6 +80,9 @@ struct FamilySpec {
   std::string_view router_name = "gate";
   std::array<std::string_view, 3> expert_projections = {"gate_proj", "up_proj", "down_proj"};
   std::string_view shared_expert = "shared_experts";  // Qwen2-MoE: "shared_expert"
+  // The sigmoid router's e_score_correction_bias under the MoE block itself
+  // (MiniMax-M2), not under its router.
+  bool selection_bias_on_block = false;
   ExpertLayout expert_layout = ExpertLayout::per_expert;
   // transformers 5 renames "<moe_block>.gate" to "mlp.gate" (Mixtral).
   bool router_renamed_in_v5 = false;

@@ -140,6 +140,7 @@ const FamilyDef& gpt_oss();
 const FamilyDef& deepseek_v3();
 const FamilyDef& glm4_moe_lite();
 const FamilyDef& deepseek_v2();
+const FamilyDef& minimax_m2();
 
 const FamilyDef& family_def(ModelFamily family);
 // The family whose model_type or alias is `model_type`; null when none.
