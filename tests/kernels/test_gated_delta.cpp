@@ -1,0 +1,149 @@
+// The gated delta rule (kernels/gated_delta.h): its gradients by finite
+// differences, packed documents equal to each document alone, bf16 as one
+// rounding of the f32 result, and its input checks. Against transformers'
+// own kernel: tests/model/test_gated_delta_transformers.cpp.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>  // testing.h uses std::memcmp without including it
+#include <vector>
+
+#include "common/testing.h"
+#include "io/test_safetensors_util.h"
+#include "tiermoe/kernels/gated_delta.h"
+
+using namespace tiermoe;
+using namespace tiermoe::testing;
+
+namespace {
+
+struct Inputs {
+  Tensor q, k, v, g, beta;
+};
+
+// q and k as the layer gives them: any scale (the kernel does not normalise);
+// g < 0 as -exp(A_log) softplus(.) makes it; beta in (0, 1).
+Inputs random_inputs(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, int64_t Dv, DType dt,
+                     Rng& rng) {
+  const DType sd = dt == DType::f64 ? DType::f64 : DType::f32;
+  Inputs in{random_tensor({B, T, Hk, Dk}, dt, rng, 0.5),
+            random_tensor({B, T, Hk, Dk}, dt, rng, 0.5), random_tensor({B, T, Hv, Dv}, dt, rng),
+            random_tensor({B, T, Hv}, sd, rng), random_tensor({B, T, Hv}, sd, rng)};
+  for (int64_t i = 0; i < in.g.numel(); ++i) {
+    in.g.set(i, -std::log1p(std::exp(in.g.get(i))));  // -softplus
+    in.beta.set(i, 1.0 / (1.0 + std::exp(-in.beta.get(i))));
+  }
+  return in;
+}
+
+Tensor run_forward(const Inputs& in, const GatedDeltaOptions& opt = {}) {
+  Tensor out = Tensor::empty(in.v.shape(), in.v.dtype());
+  ref::gated_delta_forward(out, in.q, in.k, in.v, in.g, in.beta, opt);
+  return out;
+}
+
+// Finite differences of sum(out * P) for every input, with documents packed
+// two to a row (the state resets between them) and grouped heads.
+TEST(GatedDelta, GradientsMatchFiniteDifferences) {
+  Rng rng(3);
+  Inputs in = random_inputs(2, 7, 2, 4, 5, 3, DType::f64, rng);
+  const std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 0, 0, 0, 0, 0, 5, 5};
+  const GatedDeltaOptions opt{starts};
+  const Tensor P = random_tensor(in.v.shape(), DType::f64, rng);
+  auto loss = [&] {
+    const Tensor out = run_forward(in, opt);
+    double s = 0;
+    for (int64_t i = 0; i < out.numel(); ++i) s += out.get(i) * P.get(i);
+    return s;
+  };
+  Tensor dq = Tensor::empty(in.q.shape(), DType::f64), dk = Tensor::empty(in.k.shape(), DType::f64);
+  Tensor dv = Tensor::empty(in.v.shape(), DType::f64), dg = Tensor::empty(in.g.shape(), DType::f64);
+  Tensor dbeta = Tensor::empty(in.beta.shape(), DType::f64);
+  ref::gated_delta_backward(dq, dk, dv, dg, dbeta, P, in.q, in.k, in.v, in.g, in.beta, opt);
+  EXPECT_TRUE(fd_check(loss, in.q, dq, "q", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, in.k, dk, "k", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, in.v, dv, "v", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, in.g, dg, "g", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, in.beta, dbeta, "beta", 1e-6, 1e-9, 200));
+  double norm = 0;
+  for (const Tensor* t : {&dq, &dk, &dg}) {
+    for (int64_t i = 0; i < t->numel(); ++i) norm += std::abs(t->get(i));
+  }
+  EXPECT_GT(norm, 1e-2);
+  // At a document's first token the state starts from zero: its decay moves nothing.
+  EXPECT_EQ(dg.get((0 * 7 + 3) * 4 + 1), 0.0);
+  EXPECT_EQ(dg.get((1 * 7 + 5) * 4 + 2), 0.0);
+}
+
+TEST(GatedDelta, L2NormGradientMatchesFiniteDifferences) {
+  Rng rng(5);
+  Tensor x = random_tensor({3, 4, 6}, DType::f64, rng);
+  const Tensor P = random_tensor(x.shape(), DType::f64, rng);
+  auto loss = [&] {
+    Tensor y = Tensor::empty(x.shape(), DType::f64);
+    ref::l2norm_forward(y, x, 0.4);
+    double s = 0;
+    for (int64_t i = 0; i < y.numel(); ++i) s += y.get(i) * P.get(i);
+    return s;
+  };
+  Tensor dx = Tensor::empty(x.shape(), DType::f64);
+  ref::l2norm_backward(dx, P, x, 0.4);
+  EXPECT_TRUE(fd_check(loss, x, dx, "x", 1e-6, 1e-9, 200));
+}
+
+// A row of packed documents gives, token for token, what each document gives
+// alone: the state does not cross a boundary. Bitwise, in f64 and f32.
+TEST(GatedDelta, PackedDocumentsEqualEachAlone) {
+  for (DType dt : {DType::f64, DType::f32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    Rng rng(7);
+    const int64_t T = 8, Hk = 1, Hv = 2, Dk = 4, Dv = 3;
+    const Inputs in = random_inputs(1, T, Hk, Hv, Dk, Dv, dt, rng);
+    const std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 3};
+    const Tensor packed = run_forward(in, {starts});
+    for (const auto& [from, len] : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
+      // Tokens [from, from + len) of row 0: every tensor is [1, T, ...].
+      auto cut = [&](const Tensor& x) {
+        Shape shape = x.shape();
+        shape[1] = len;
+        Tensor y = Tensor::empty(shape, x.dtype());
+        const size_t per_token = x.nbytes() / size_t(T);
+        std::memcpy(y.raw(), static_cast<const char*>(x.raw()) + size_t(from) * per_token,
+                    size_t(len) * per_token);
+        return y;
+      };
+      const Tensor alone = run_forward({cut(in.q), cut(in.k), cut(in.v), cut(in.g), cut(in.beta)});
+      EXPECT_TRUE(bitwise_equal(alone, cut(packed), "document alone"));
+    }
+  }
+}
+
+// bf16 inputs are widened and out is the f32 result rounded once.
+TEST(GatedDelta, Bf16IsTheF32ResultRoundedOnce) {
+  Rng rng(9);
+  const Inputs in = random_inputs(2, 5, 2, 2, 4, 4, DType::bf16, rng);
+  const Tensor out16 = run_forward(in);
+  const Tensor out32 =
+      run_forward({in.q.to(DType::f32), in.k.to(DType::f32), in.v.to(DType::f32), in.g, in.beta});
+  EXPECT_TRUE(bitwise_equal(out16, out32.to(DType::bf16), "out"));
+}
+
+TEST(GatedDelta, BadInputsAreRefusedByName) {
+  Rng rng(1);
+  const Inputs in = random_inputs(1, 4, 2, 3, 4, 4, DType::f32, rng);
+  Tensor out = Tensor::empty(in.v.shape(), DType::f32);
+  EXPECT_TRUE(
+      throws_error_with([&] { ref::gated_delta_forward(out, in.q, in.k, in.v, in.g, in.beta); },
+                        {"gated_delta_forward", "multiple of q's"}));
+  const Inputs ok = random_inputs(1, 4, 2, 4, 4, 4, DType::f32, rng);
+  Tensor out4 = Tensor::empty(ok.v.shape(), DType::f32);
+  const Tensor g16 = ok.g.to(DType::bf16);
+  EXPECT_TRUE(throws_error_with(
+      [&] { ref::gated_delta_forward(out4, ok.q, ok.k, ok.v, g16, ok.beta); }, {"g", "f32"}));
+  const std::vector<int32_t> bad = {0, 0, 1, 1};
+  EXPECT_TRUE(throws_error_with(
+      [&] { ref::gated_delta_forward(out4, ok.q, ok.k, ok.v, ok.g, ok.beta, {bad}); },
+      {"doc_start_BT", "contiguous"}));
+}
+
+}  // namespace
