@@ -91,6 +91,34 @@ TEST(GatedDelta, L2NormGradientMatchesFiniteDifferences) {
   EXPECT_TRUE(fd_check(loss, x, dx, "x", 1e-6, 1e-9, 200));
 }
 
+// g and beta from the projections: finite differences for a, b, A_log and
+// dt_bias through sum(g * Pg + beta * Pb), a crossing softplus's threshold.
+TEST(GatedDelta, GatesGradientsMatchFiniteDifferences) {
+  Rng rng(6);
+  Tensor a = random_tensor({2, 3, 4}, DType::f64, rng, 3.0);
+  a.set(0, 25.0);  // past the threshold: softplus(x) = x
+  Tensor b = random_tensor({2, 3, 4}, DType::f64, rng);
+  Tensor A_log = random_tensor({4}, DType::f64, rng), dt_bias = random_tensor({4}, DType::f64, rng);
+  const Tensor Pg = random_tensor(a.shape(), DType::f64, rng);
+  const Tensor Pb = random_tensor(a.shape(), DType::f64, rng);
+  Tensor g = Tensor::empty(a.shape(), DType::f64), beta = Tensor::empty(a.shape(), DType::f64);
+  auto loss = [&] {
+    ref::gated_delta_gates_forward(g, beta, a, b, A_log, dt_bias);
+    double s = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) s += g.get(i) * Pg.get(i) + beta.get(i) * Pb.get(i);
+    return s;
+  };
+  Tensor da = Tensor::empty(a.shape(), DType::f64), db = Tensor::empty(b.shape(), DType::f64);
+  Tensor dA = Tensor::zeros({4}, DType::f64), ddt = Tensor::zeros({4}, DType::f64);
+  ref::gated_delta_gates_backward(da, db, dA, ddt, Pg, Pb, a, b, A_log, dt_bias);
+  EXPECT_TRUE(fd_check(loss, a, da, "a", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, b, db, "b", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, A_log, dA, "A_log", 1e-6, 1e-9, 200));
+  EXPECT_TRUE(fd_check(loss, dt_bias, ddt, "dt_bias", 1e-6, 1e-9, 200));
+  loss();
+  EXPECT_DOUBLE_EQ(g.get(0), -std::exp(A_log.get(0)) * (25.0 + dt_bias.get(0)));
+}
+
 // A row of packed documents gives, token for token, what each document gives
 // alone: the state does not cross a boundary. Bitwise, in f64 and f32.
 TEST(GatedDelta, PackedDocumentsEqualEachAlone) {

@@ -47,6 +47,21 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
                           const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                           const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt = {});
 
+// The rule's decay and write strength from the layer's projections a, b
+// [B, T, Hv] (compute dtype) and its per-head A_log, dt_bias [Hv], as
+// Qwen3_5MoeGatedDeltaNet makes them:
+//   g    = -exp(A_log) softplus(a + dt_bias)    in f32 (f64 for f64)
+//   beta = sigmoid(b)                           rounded to b's dtype, then widened
+// g and beta are f32 (f64 for f64). Backward: da = dg (-exp(A_log))
+// sigmoid(a + dt_bias), ddt_bias += sum of it, dA_log += sum dg g,
+// db = dbeta beta (1 - beta); the parameter grads (f32, f64 for f64)
+// accumulate and may be undefined (frozen).
+void gated_delta_gates_forward(Tensor& g, Tensor& beta, const Tensor& a, const Tensor& b,
+                               const Tensor& A_log, const Tensor& dt_bias);
+void gated_delta_gates_backward(Tensor& da, Tensor& db, Tensor& dA_log, Tensor& ddt_bias,
+                                const Tensor& dg, const Tensor& dbeta, const Tensor& a,
+                                const Tensor& b, const Tensor& A_log, const Tensor& dt_bias);
+
 // y = x / sqrt(sum(x^2) + eps) * scale over the last dim (FLA's l2norm, eps
 // 1e-6, then transformers' Dk^-0.5 on q), in f32 (f64 for f64), rounded once.
 void l2norm_forward(Tensor& y, const Tensor& x, double scale, double eps = 1e-6);

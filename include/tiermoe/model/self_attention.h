@@ -1,9 +1,11 @@
 #pragma once
 // The seam between a decoder layer and its attention kind. One interface,
-// two kinds:
+// three kinds:
 //   - grouped-query attention (attention_block.h): Qwen3-MoE, Mixtral, OLMoE,
 //     Qwen2-MoE, GLM-4.5, and gpt-oss with its sinks and sliding window;
-//   - multi-head latent attention (mla_attention.h): DeepSeek-V3, Kimi-K2.
+//   - multi-head latent attention (mla_attention.h): DeepSeek-V3, Kimi-K2;
+//   - Gated DeltaNet's linear attention (gated_deltanet.h): Qwen3.5-MoE's
+//     linear_attention layers (not yet reachable from a config).
 // make_self_attention picks the kind from the family's spec (io/family.h),
 // so a new family is its spec file, its presets and at most one new kind here.
 //
@@ -51,6 +53,10 @@ struct AttentionSaved {
   Tensor lse_BTH;              // attention log-sum-exp
   Tensor o_TX;                 // attention output [B*T, H*Pv] (o_proj's input)
   std::array<Tensor, 5> u_TR;  // LoRA intermediates, one per adapted projection
+  // Gated DeltaNet (q, k are the l2-normalised ones): the conv's input, the
+  // output gate, in_proj_b's and in_proj_a's outputs, the rule's g and beta,
+  // its output and the gated norm's statistics.
+  Tensor conv_in, z, b_proj, a_proj, g, beta, core, rstd_core;
   void clear() { *this = AttentionSaved(); }
 };
 

@@ -211,6 +211,74 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
   });
 }
 
+namespace {
+
+void check_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias,
+                 std::string_view op) {
+  check_rank(a, 3, "a", op, "a is [B, T, Hv]");
+  check_same_shape_as(b, a, "b", "a", op);
+  check_same_dtype_as(b, a, "b", "a", op);
+  for (const auto& [t, name] : {std::pair{&A_log, "A_log"}, std::pair{&dt_bias, "dt_bias"}}) {
+    check_shape_is(*t, {a.size(2)}, name, op);
+    check_same_dtype_as(*t, a, name, "a", op);
+  }
+}
+
+}  // namespace
+
+void gated_delta_gates_forward(Tensor& g, Tensor& beta, const Tensor& a, const Tensor& b,
+                               const Tensor& A_log, const Tensor& dt_bias) {
+  const char* op = "gated_delta_gates_forward";
+  check_gates(a, b, A_log, dt_bias, op);
+  for (const auto& [t, name] : {std::pair{&g, "g"}, std::pair{&beta, "beta"}}) {
+    check_shape_is(*t, a.shape(), name, op);
+    check_dtype_is(*t, acc_dtype(a.dtype()), name, op, "the rule reads them in f32 (f64 in f64)");
+  }
+  const int64_t H = a.size(2);
+  visit_dtype(a.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const int64_t h = i % H;
+      const A x = load(a.data<T>()[i]) + load(dt_bias.data<T>()[h]);
+      const A softplus = x > A(20) ? x : std::log1p(std::exp(x));  // torch's threshold 20
+      g.data<A>()[i] = -std::exp(load(A_log.data<T>()[h])) * softplus;
+      const A s = A(1) / (A(1) + std::exp(-load(b.data<T>()[i])));
+      beta.data<A>()[i] = load(store<T>(s));
+    }
+  });
+}
+
+void gated_delta_gates_backward(Tensor& da, Tensor& db, Tensor& dA_log, Tensor& ddt_bias,
+                                const Tensor& dg, const Tensor& dbeta, const Tensor& a,
+                                const Tensor& b, const Tensor& A_log, const Tensor& dt_bias) {
+  const char* op = "gated_delta_gates_backward";
+  check_gates(a, b, A_log, dt_bias, op);
+  check_elementwise(da, "da", a, "a", op);
+  check_elementwise(db, "db", b, "b", op);
+  for (const auto& [t, name] : {std::pair{&dA_log, "dA_log"}, std::pair{&ddt_bias, "ddt_bias"}}) {
+    if (!t->defined()) continue;
+    check_shape_is(*t, {a.size(2)}, name, op);
+    check_dtype_is(*t, acc_dtype(a.dtype()), name, op, "weight gradients are f32 (f64 in f64)");
+  }
+  const int64_t H = a.size(2);
+  visit_dtype(a.dtype(), [&]<class T>() {
+    using A = acc_t<T>;
+    for (int64_t i = 0; i < a.numel(); ++i) {
+      const int64_t h = i % H;
+      const A x = load(a.data<T>()[i]) + load(dt_bias.data<T>()[h]);
+      const A softplus = x > A(20) ? x : std::log1p(std::exp(x));
+      const A decay = std::exp(load(A_log.data<T>()[h]));
+      const A dgi = dg.data<A>()[i];
+      const A dx = dgi * -decay * (x > A(20) ? A(1) : A(1) / (A(1) + std::exp(-x)));
+      da.data<T>()[i] = store<T>(dx);
+      if (ddt_bias.defined()) ddt_bias.data<A>()[h] += dx;
+      if (dA_log.defined()) dA_log.data<A>()[h] += dgi * -decay * softplus;
+      const A s = load(store<T>(A(1) / (A(1) + std::exp(-load(b.data<T>()[i])))));
+      db.data<T>()[i] = store<T>(dbeta.data<A>()[i] * s * (A(1) - s));
+    }
+  });
+}
+
 void l2norm_forward(Tensor& y, const Tensor& x, double scale, double eps) {
   check_elementwise(y, "y", x, "x", "l2norm_forward");
   const int64_t D = x.size(-1);
