@@ -244,6 +244,12 @@ inline A normed(A n, RmsNormCast cast) {
   return cast == RmsNormCast::after_normalize ? A(round_to<T>(n)) : n;
 }
 
+// The factor a normalised value is multiplied by: w, or 1 + w (unit_offset).
+template <class T>
+inline acc_t<T> norm_weight(T w, RmsNormCast cast) {
+  return cast == RmsNormCast::unit_offset ? acc_t<T>(1) + load(w) : load(w);
+}
+
 // Returns D; R = rows of x.
 inline int64_t check_rmsnorm(const Tensor& x, const Tensor& w_D, std::string_view op) {
   int64_t D = check_rows(x, "x", op);

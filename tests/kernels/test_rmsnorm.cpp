@@ -179,6 +179,57 @@ TEST(RmsNorm, AfterWeightRoundsOnceAsGptOss) {
   }
 }
 
+// Qwen3-Next's zero-centred weight: y = cast((1 + w) * x * rstd), 1 + w and
+// the product in f32, one rounding. In f32 and f64 it is after_weight's
+// result on a weight of 1 + w (those bits exactly); in bf16 each element is
+// checked against the formula; the twins agree; backward by finite
+// differences in f64 (dx through 1 + w, dw as after_weight's).
+TEST(RmsNorm, UnitOffsetWeighsByOnePlusW) {
+  Rng rng(35);
+  const RmsNormCast cast = RmsNormCast::unit_offset;
+  for (DType dt : {DType::f32, DType::f64}) {
+    Tensor x = random_tensor({5, 48}, dt, rng), w = random_tensor({48}, dt, rng, 0.1);
+    Tensor w1 = w.clone();
+    for (int64_t d = 0; d < 48; ++d) w1.set(d, 1.0 + w.get(d));
+    Tensor r = Tensor::empty({5}, acc_dtype(dt));
+    Tensor a = Tensor::empty(x.shape(), dt), b = Tensor::empty(x.shape(), dt);
+    cpu::rmsnorm_forward(a, r, x, w, 1e-6, cast);
+    cpu::rmsnorm_forward(b, r, x, w1, 1e-6, RmsNormCast::after_weight);
+    EXPECT_TRUE(bitwise_equal(a, b, std::string(dtype_name(dt))));
+  }
+  Tensor x = random_tensor({6, 64}, DType::bf16, rng),
+         w = random_tensor({64}, DType::bf16, rng, 0.1);
+  Tensor y_ref = Tensor::empty(x.shape(), DType::bf16),
+         y_cpu = Tensor::empty(x.shape(), DType::bf16);
+  Tensor r_ref = Tensor::empty({6}, DType::f32), r_cpu = Tensor::empty({6}, DType::f32);
+  ref::rmsnorm_forward(y_ref, r_ref, x, w, 1e-6, cast);
+  cpu::rmsnorm_forward(y_cpu, r_cpu, x, w, 1e-6, cast);
+  for (int64_t r = 0; r < 6; ++r) {
+    for (int64_t d = 0; d < 64; ++d) {
+      const float n = float(x.get(r * 64 + d)) * float(r_ref.get(r));
+      const float want = bf16_to_float(float_to_bf16((1.0f + float(w.get(d))) * n));
+      ASSERT_EQ(float(y_ref.get(r * 64 + d)), want) << r << " " << d;
+    }
+  }
+  EXPECT_TRUE(all_close(y_cpu, y_ref, 1.0 / 64, 0, "cpu vs ref"));
+  Tensor x64 = random_tensor({3, 8}, DType::f64, rng), w64 = random_tensor({8}, DType::f64, rng);
+  const Tensor P = random_tensor(x64.shape(), DType::f64, rng);
+  Tensor y = Tensor::empty(x64.shape(), DType::f64), rstd = Tensor::empty({3}, DType::f64);
+  auto loss = [&] {
+    ref::rmsnorm_forward(y, rstd, x64, w64, 1e-6, cast);
+    return weighted_sum(y, P);
+  };
+  loss();
+  for (int twin = 0; twin < 2; ++twin) {
+    Tensor dx = Tensor::empty(x64.shape(), DType::f64), dw = Tensor::zeros({8}, DType::f64);
+    twin ? cpu::rmsnorm_backward(dx, dw, P, x64, w64, rstd, false, cast)
+         : ref::rmsnorm_backward(dx, dw, P, x64, w64, rstd, false, cast);
+    EXPECT_TRUE(fd_check(loss, x64, dx, "x", 1e-6, 1e-9, 100)) << twin;
+    EXPECT_TRUE(fd_check(loss, w64, dw, "w", 1e-6, 1e-9, 100)) << twin;
+    loss();  // rstd back to the unperturbed input's
+  }
+}
+
 TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
   Rng rng(33);
   for (double eps : {1e-6, 0.5}) {

@@ -7,6 +7,9 @@
 //   y    = w * cast(x * rstd)               cast to x's dtype, THEN times w
 //   y    = cast(w * (x * rstd))             RmsNormCast::after_weight: gpt-oss's
 //                                           GptOssRMSNorm, one rounding
+//   y    = cast((1 + w) * (x * rstd))       RmsNormCast::unit_offset: Qwen3-Next's and
+//                                           Qwen3.5's zero-centred weight, 1 + w in
+//                                           f32, one rounding
 // (the two orders differ only in bf16: f32 and f64 runs round nothing between).
 //
 // x, y, w and dy share one dtype T. rstd_R ([R], R = numel / D) is kept for
@@ -15,13 +18,14 @@
 // Backward treats the cast as identity (a straight-through rounding):
 //   dx = rstd * (g - n * mean(g * n)),  g = w * dy,  n = x * rstd (unrounded)
 //   dw += sum over rows of dy * cast(x * rstd)     (after_weight: dy * x * rstd)
+// with 1 + w for w under unit_offset (and dw as after_weight's).
 #include "tiermoe/core/tensor.h"
 
 namespace tiermoe {
 
 // Where y rounds to x's dtype: after normalising (Llama, Qwen: the default),
-// or after the weight (gpt-oss).
-enum class RmsNormCast : uint8_t { after_normalize, after_weight };
+// or after the weight (gpt-oss), or after a weight of 1 + w (Qwen3-Next).
+enum class RmsNormCast : uint8_t { after_normalize, after_weight, unit_offset };
 
 #define TIERMOE_RMSNORM_DECLS                                                                     \
   /* rstd_R may be undefined when no backward follows */                                          \

@@ -39,7 +39,7 @@ void rmsnorm_forward(Tensor& y, Tensor& rstd_R, const Tensor& x, const Tensor& w
         A rstd = A(1) / std::sqrt(sum_sq / A(D) + A(eps));
         if (rstds) rstds[r] = rstd;
         for (int64_t d = 0; d < D; ++d) {
-          yr[d] = store<T>(load(w[d]) * normed<T>(load(xr[d]) * rstd, cast));
+          yr[d] = store<T>(norm_weight(w[d], cast) * normed<T>(load(xr[d]) * rstd, cast));
         }
       }
     });
@@ -73,11 +73,12 @@ void rmsnorm_backward(Tensor& dx, Tensor& dw_D, const Tensor& dy, const Tensor& 
         A rstd = rstds[r];
         A dot = 0;
 #pragma omp simd reduction(+ : dot)
-        for (int64_t d = 0; d < D; ++d) dot += load(w[d]) * load(dyr[d]) * (load(xr[d]) * rstd);
+        for (int64_t d = 0; d < D; ++d)
+          dot += norm_weight(w[d], cast) * load(dyr[d]) * (load(xr[d]) * rstd);
         A mean = dot / A(D);
         for (int64_t d = 0; d < D; ++d) {
           A n = load(xr[d]) * rstd;
-          put(dxr[d], rstd * (load(w[d]) * load(dyr[d]) - n * mean), accumulate);
+          put(dxr[d], rstd * (norm_weight(w[d], cast) * load(dyr[d]) - n * mean), accumulate);
         }
       }
     });
