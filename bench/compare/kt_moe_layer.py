@@ -10,10 +10,15 @@ Routing is uniform: random router weights, no skew (the bench's --zipf 0).
 Before timing, a few rows of kt-kernel's output are checked against an f32
 PyTorch evaluation of the same experts; a mismatch is an error, not a figure.
 
-lora and full need kt-kernel's SFT backward. Its BF16 class (AMXBF16_SFT_MOE)
-exists only in the AMX variant, and its timed call has not been written: no
-machine this project has run on could test it. Those modes print
-{"not_run": reason} and exit 0, so the table says why.
+lora and full run kt-kernel's SFT operator (its KTMoEWrapper in mode "sft"),
+which exists only in the AMX variant (elsewhere they print {"not_run": reason}
+and exit 0, so the table says why): lora is AMXBF16_SFT_SkipLoRA, frozen
+experts with no adapters, forward then dx (and d of the routing weights),
+what TierMoE's lora mode times; full is AMXBF16_SFT with full_weight_grad,
+forward, dx and every expert's dW (bf16 gradient buffers). The router's own
+backward (its logits back to x) is not run: PyTorch would, and it is about 1%
+of the step. Before timing, dx on a few rows, and in full one expert's dW13
+and dW2, are checked against PyTorch's autograd in f32.
 
 Prints one JSON object on stdout (kt-kernel's own chatter goes to stderr).
 """
@@ -68,6 +73,107 @@ def reference_rows(rows, x_TD, ids, w, gate, up, down):
     return torch.stack(out)
 
 
+def reference_grads(rows, x_TD, ids, w, dy_TD, gate, up, down, expert):
+    """PyTorch's autograd in f32: dx of `rows`, and expert `expert`'s dW13 ([2F, D], gate rows
+    then up) and dW2 over every token routed to it."""
+    import torch
+    dx = []
+    for t in rows:
+        xf = x_TD[t].float().requires_grad_(True)
+        acc = torch.zeros(x_TD.shape[1])
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            a = torch.nn.functional.silu(gate[e].float() @ xf) * (up[e].float() @ xf)
+            acc = acc + w[t, j] * (down[e].float() @ a)
+        (acc * dy_TD[t].float()).sum().backward()
+        dx.append(xf.grad)
+    g13 = torch.cat([gate[expert], up[expert]]).float().requires_grad_(True)
+    g2 = down[expert].float().requires_grad_(True)
+    tok, slot = (ids == expert).nonzero(as_tuple=True)
+    xf = x_TD[tok].float()
+    F = gate[expert].shape[0]
+    h = xf @ g13.t()
+    a = torch.nn.functional.silu(h[:, :F]) * h[:, F:]
+    y = (a @ g2.t()) * w[tok, slot, None]
+    (y * dy_TD[tok].float()).sum().backward()
+    return torch.stack(dx), g13.grad, g2.grad
+
+
+def rel_err(got, want):
+    return float((got.float() - want).abs().max() / want.abs().max())
+
+
+def run_sft(args, version, variant):
+    """lora and full on kt-kernel's SFT operator (see the module docstring)."""
+    import torch
+    from kt_kernel.experts import KTMoEWrapper
+    E, K, D, F, T = args.experts, args.top_k, args.hidden, args.ffn, args.tokens
+    full = args.mode == "full"
+    torch.set_num_threads(args.threads)
+    g = torch.Generator().manual_seed(args.seed)
+
+    def weights(rows, cols):
+        return (torch.randn(E, rows, cols, generator=g) * 0.02).bfloat16().contiguous()
+
+    gate, up, down = weights(F, D), weights(F, D), weights(D, F)
+    router_ED = torch.randn(E, D, generator=g) * 0.02
+    x_TD = torch.randn(T, D, generator=g).bfloat16().contiguous()
+    dy_TD = torch.randn(T, D, generator=g).bfloat16().contiguous()
+    times, router_times, errs = [], [], {}
+    with stdout_to_stderr():
+        moe = KTMoEWrapper(
+            layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=D,
+            moe_intermediate_size=F, gpu_experts_mask=None, cpuinfer_threads=args.threads,
+            threadpool_count=1, weight_path="", chunked_prefill_size=T, mode="sft",
+            method="AMXBF16_SFT" if full else "AMXBF16_SFT_SkipLoRA",
+            lora_rank=0 if full else 8, full_weight_grad=full)
+        start = time.perf_counter()
+        if full:
+            moe.init_full_weight_grad_buffers(gate, up, down)
+        moe.load_weights_from_tensors(gate, up, down, torch.arange(E, dtype=torch.int64))
+        load_s = time.perf_counter() - start
+        for it in range(args.warmup + args.iters):
+            start = time.perf_counter()
+            ids, w = route(x_TD, router_ED, K)
+            routed = time.perf_counter()
+            out_TD = moe.forward(x_TD, ids, w, save_for_backward=True)
+            dx_TD, _dw_TK = moe.backward(dy_TD)
+            if it >= args.warmup:
+                times.append(time.perf_counter() - start)
+                router_times.append(routed - start)
+            if it == 0:
+                rows = [0, T // 2, T - 1]
+                errs["out"] = rel_err(out_TD[rows], reference_rows(rows, x_TD, ids, w, gate, up,
+                                                                    down))
+                expert = int(ids[0, 0])
+                dx, d13, d2 = reference_grads(rows, x_TD, ids, w, dy_TD, gate, up, down, expert)
+                errs["dx"] = rel_err(dx_TD[rows], dx)
+                if full:
+                    got13 = torch.cat([moe.grad_gate_proj_buf[expert], moe.grad_up_proj_buf[expert]])
+                    errs["dw13"] = rel_err(got13, d13)
+                    errs["dw2"] = rel_err(moe.grad_down_proj_buf[expert], d2)
+        del moe
+        gc.collect()
+    bad = {k: v for k, v in errs.items() if not v < 2e-2}  # bf16 results: about 0.4% seen
+    if bad:
+        print(f"error: kt-kernel is off PyTorch's f32 autograd by {bad} (relative to the largest "
+              "value)", file=sys.stderr)
+        sys.exit(1)
+    s = statistics.median(times)
+    flops = (18.0 if full else 12.0) * T * K * D * F  # fwd 6, dx 6, dW 6 per routed row
+    print(json.dumps({
+        "impl": "kt-kernel", "kt_kernel": version, "variant": variant,
+        "class": "AMXBF16_SFT" if full else "AMXBF16_SFT_SkipLoRA", "mode": args.mode,
+        "dtype": "bf16", "tokens": T, "threads": args.threads, "seconds": s,
+        "tokens_per_s": T / s, "tflops": flops / s / 1e12,
+        "router_s": statistics.median(router_times), "load_s": load_s, "max_rel_err": errs,
+    }))
+    # The wrapper's thread pool says goodbye on fd 1 at exit: after this line,
+    # fd 1 is stderr, so the JSON stays the last line of stdout.
+    sys.stdout.flush()
+    os.dup2(2, 1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=4096)
@@ -96,8 +202,7 @@ def main():
         if getattr(moe_mod, "AMXBF16_SFT_MOE", None) is None:
             return not_run(f"kt-kernel {version} ({variant} variant) has no BF16 SFT backward "
                            "(AMXBF16_SFT_MOE is in its AMX variant only)")
-        return not_run("kt-kernel's BF16 SFT backward (AMXBF16_SFT_MOE) loads here, but this "
-                       "script's timed call for it is not written yet (untested anywhere)")
+        return run_sft(args, version, variant)
     cls = getattr(moe_mod, "AMXBF16_MOE", None) or getattr(moe_mod, "AVX2BF16_MOE", None)
     if cls is None:
         return not_run(f"kt-kernel {version} ({variant} variant) has no BF16 MoE class")
