@@ -54,14 +54,8 @@ std::vector<std::pair<std::string, Weight*>> AttentionBlock::weights() {
 void AttentionBlock::enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng) {
   const char* names[4] = {"q_proj", "k_proj", "v_proj", "o_proj"};
   const Linear* projs[4] = {&q_proj_, &k_proj_, &v_proj_, &o_proj_};
-  for (int i = 0; i < 4; ++i) {
-    lora_[i].reset();
-    const std::string path = prefix + names[i];
-    if (!lora_targets_module(config, path)) continue;
-    lora_[i] = std::make_unique<LoraAdapter>(projs[i]->in_features(), projs[i]->out_features(),
-                                             config, compute_, path);
-    lora_[i]->init(rng);
-  }
+  for (int i = 0; i < 4; ++i)
+    lora_[i] = adapter_for(*projs[i], config, prefix + names[i], compute_, rng);
 }
 
 std::vector<LoraAdapter*> AttentionBlock::lora_adapters() {
@@ -70,21 +64,6 @@ std::vector<LoraAdapter*> AttentionBlock::lora_adapters() {
     if (a) out.push_back(a.get());
   }
   return out;
-}
-
-void AttentionBlock::lora_forward(int i, Tensor& y_MO, const Tensor& x_MI,
-                                  AttentionSaved& saved) const {
-  const LoraAdapter* a = lora_[size_t(i)].get();
-  if (!a) return;
-  Tensor& u = saved.u_TR[size_t(i)];
-  u = Tensor::empty({x_MI.size(0), a->rank()}, lora_master_dtype(a->compute_dtype()));
-  a->forward(y_MO, u, x_MI);
-}
-
-void AttentionBlock::lora_backward(int i, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
-                                   const AttentionSaved& saved) {
-  LoraAdapter* a = lora_[size_t(i)].get();
-  if (a) a->backward(dx_MI, dy_MO, x_MI, saved.u_TR[size_t(i)]);
 }
 
 namespace {
@@ -113,12 +92,9 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
   Tensor q = Tensor::empty({N, H_ * P_}, dt), k = Tensor::empty({N, Hkv_ * P_}, dt);
   Tensor v = Tensor::empty({N, Hkv_ * P_}, dt);
   std::optional<TimedPart> part(std::in_place, times_, StepPart::projections);
-  q_proj_.forward(q, x_TD);
-  lora_forward(0, q, x_TD, saved);
-  k_proj_.forward(k, x_TD);
-  lora_forward(1, k, x_TD, saved);
-  v_proj_.forward(v, x_TD);
-  lora_forward(2, v, x_TD, saved);
+  adapted_forward(q_proj_, lora_[0].get(), q, saved.u_TR[0], x_TD);
+  adapted_forward(k_proj_, lora_[1].get(), k, saved.u_TR[1], x_TD);
+  adapted_forward(v_proj_, lora_[2].get(), v, saved.u_TR[2], x_TD);
   part.emplace(times_, StepPart::norms);
   if (qk_norm_ != QkNorm::none) {
     saved.q_raw = q;
@@ -144,8 +120,7 @@ void AttentionBlock::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables&
   cpu::attention_forward(o, saved.lse_BTH, saved.q, saved.k, saved.v, attention_options(rope));
   saved.o_TX = o.view({N, H_ * P_});
   part.emplace(times_, StepPart::projections);
-  o_proj_.forward(y_TD, saved.o_TX);
-  lora_forward(3, y_TD, saved.o_TX, saved);
+  adapted_forward(o_proj_, lora_[3].get(), y_TD, saved.u_TR[3], saved.o_TX);
 }
 
 void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTables& rope,
@@ -155,8 +130,7 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
 
   Tensor do_TX = Tensor::empty({N, H_ * P_}, dt);
   std::optional<TimedPart> part(std::in_place, times_, StepPart::projections);
-  o_proj_.backward(do_TX, dy_TD, saved.o_TX);
-  lora_backward(3, do_TX, dy_TD, saved.o_TX, saved);
+  adapted_backward(o_proj_, lora_[3].get(), do_TX, dy_TD, saved.o_TX, saved.u_TR[3], false);
 
   Tensor dq = Tensor::empty({B, T, H_, P_}, dt), dk = Tensor::empty({B, T, Hkv_, P_}, dt);
   Tensor dv = Tensor::empty({B, T, Hkv_, P_}, dt);
@@ -186,12 +160,9 @@ void AttentionBlock::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTabl
   }
   Tensor dv_TX = dv.view({N, Hkv_ * P_});
   part.emplace(times_, StepPart::projections);
-  q_proj_.backward(dx_TD, dq_TX, saved.x_TD, accumulate);
-  lora_backward(0, dx_TD, dq_TX, saved.x_TD, saved);
-  k_proj_.backward(dx_TD, dk_TX, saved.x_TD, true);
-  lora_backward(1, dx_TD, dk_TX, saved.x_TD, saved);
-  v_proj_.backward(dx_TD, dv_TX, saved.x_TD, true);
-  lora_backward(2, dx_TD, dv_TX, saved.x_TD, saved);
+  adapted_backward(q_proj_, lora_[0].get(), dx_TD, dq_TX, saved.x_TD, saved.u_TR[0], accumulate);
+  adapted_backward(k_proj_, lora_[1].get(), dx_TD, dk_TX, saved.x_TD, saved.u_TR[1], true);
+  adapted_backward(v_proj_, lora_[2].get(), dx_TD, dv_TX, saved.x_TD, saved.u_TR[2], true);
 }
 
 }  // namespace tiermoe

@@ -80,12 +80,7 @@ std::vector<std::pair<std::string, Weight*>> GatedDeltaNet::weights() {
 void GatedDeltaNet::enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng) {
   for (int i = 0; i < kProjs; ++i) {
     const Proj p = Proj(i);
-    lora_[p].reset();
-    const std::string path = prefix + proj_name(p);
-    if (!lora_targets_module(config, path)) continue;
-    lora_[p] = std::make_unique<LoraAdapter>(proj_[p].in_features(), proj_[p].out_features(),
-                                             config, compute_, path);
-    lora_[p]->init(rng);
+    lora_[p] = adapter_for(proj_[p], config, prefix + proj_name(p), compute_, rng);
   }
 }
 
@@ -98,18 +93,12 @@ std::vector<LoraAdapter*> GatedDeltaNet::lora_adapters() {
 }
 
 void GatedDeltaNet::project(Proj p, Tensor& y_MO, const Tensor& x_MI, AttentionSaved& saved) const {
-  proj_[p].forward(y_MO, x_MI);
-  const LoraAdapter* a = lora_[p].get();
-  if (!a) return;
-  Tensor& u = saved.u_TR[p];
-  u = Tensor::empty({x_MI.size(0), a->rank()}, lora_master_dtype(a->compute_dtype()));
-  a->forward(y_MO, u, x_MI);
+  adapted_forward(proj_[p], lora_[p].get(), y_MO, saved.u_TR[p], x_MI);
 }
 
 void GatedDeltaNet::project_backward(Proj p, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
                                      const AttentionSaved& saved, bool accumulate) {
-  proj_[p].backward(dx_MI, dy_MO, x_MI, accumulate);
-  if (LoraAdapter* a = lora_[p].get()) a->backward(dx_MI, dy_MO, x_MI, saved.u_TR[p]);
+  adapted_backward(proj_[p], lora_[p].get(), dx_MI, dy_MO, x_MI, saved.u_TR[p], accumulate);
 }
 
 Tensor GatedDeltaNet::normed_core(const Tensor& core, Tensor& rstd_R) const {

@@ -110,11 +110,7 @@ void MlaAttention::enable_lora(const LoraConfig& config, const std::string& pref
     const Proj p = Proj(i);
     lora_[p].reset();
     if (p == kQb && !has_q_latent()) continue;
-    const std::string path = prefix + proj_name(p, has_q_latent());
-    if (!lora_targets_module(config, path)) continue;
-    lora_[p] = std::make_unique<LoraAdapter>(proj_[p].in_features(), proj_[p].out_features(),
-                                             config, compute_, path);
-    lora_[p]->init(rng);
+    lora_[p] = adapter_for(proj_[p], config, prefix + proj_name(p, has_q_latent()), compute_, rng);
   }
 }
 
@@ -127,18 +123,12 @@ std::vector<LoraAdapter*> MlaAttention::lora_adapters() {
 }
 
 void MlaAttention::project(Proj p, Tensor& y_MO, const Tensor& x_MI, AttentionSaved& saved) const {
-  proj_[p].forward(y_MO, x_MI);
-  const LoraAdapter* a = lora_[p].get();
-  if (!a) return;
-  Tensor& u = saved.u_TR[p];
-  u = Tensor::empty({x_MI.size(0), a->rank()}, lora_master_dtype(a->compute_dtype()));
-  a->forward(y_MO, u, x_MI);
+  adapted_forward(proj_[p], lora_[p].get(), y_MO, saved.u_TR[p], x_MI);
 }
 
 void MlaAttention::project_backward(Proj p, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
                                     const AttentionSaved& saved, bool accumulate) {
-  proj_[p].backward(dx_MI, dy_MO, x_MI, accumulate);
-  if (LoraAdapter* a = lora_[p].get()) a->backward(dx_MI, dy_MO, x_MI, saved.u_TR[p]);
+  adapted_backward(proj_[p], lora_[p].get(), dx_MI, dy_MO, x_MI, saved.u_TR[p], accumulate);
 }
 
 void MlaAttention::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& rope,

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "tiermoe/kernels/attention.h"
-#include "tiermoe/model/linear.h"
+#include "tiermoe/model/adapted_linear.h"
 #include "tiermoe/model/self_attention.h"
 
 namespace tiermoe {
@@ -48,10 +48,6 @@ class AttentionBlock final : public SelfAttention {
  private:
   // The batch's documents, this layer's window and sinks, as the kernel reads them.
   AttentionOptions attention_options(const RopeTables& rope) const;
-  // y_MO += the LoRA branch of projection i (0..3: q, k, v, o), if adapted.
-  void lora_forward(int i, Tensor& y_MO, const Tensor& x_MI, AttentionSaved& saved) const;
-  void lora_backward(int i, Tensor& dx_MI, const Tensor& dy_MO, const Tensor& x_MI,
-                     const AttentionSaved& saved);
 
   QkNorm qk_norm_;
   DType compute_;  // the projections may be stored narrower (linear.h)

@@ -25,7 +25,7 @@
 #include <string>
 #include <vector>
 
-#include "tiermoe/model/linear.h"
+#include "tiermoe/model/adapted_linear.h"
 #include "tiermoe/model/self_attention.h"
 
 namespace tiermoe {

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "tiermoe/kernels/attention.h"
-#include "tiermoe/model/linear.h"
+#include "tiermoe/model/adapted_linear.h"
 #include "tiermoe/model/self_attention.h"
 
 namespace tiermoe {
