@@ -151,7 +151,7 @@ void GatedDeltaNet::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& 
 
   part.emplace(times_, StepPart::attention);
   saved.core = Tensor::empty({B, T, Hv, Dv}, dt);
-  ref::gated_delta_forward(saved.core, saved.q, saved.k, saved.v, saved.g, saved.beta, opt);
+  cpu::gated_delta_forward(saved.core, saved.q, saved.k, saved.v, saved.g, saved.beta, opt);
 
   part.emplace(times_, StepPart::norms);
   saved.rstd_core = Tensor::empty({N * Hv}, sd);
@@ -195,7 +195,7 @@ void GatedDeltaNet::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTable
   Tensor dqn = Tensor::empty({B, T, Hk, Dk}, dt), dkn = Tensor::empty({B, T, Hk, Dk}, dt);
   Tensor dv = Tensor::empty({B, T, Hv, Dv}, dt);
   Tensor dg = Tensor::empty({B, T, Hv}, sd), dbeta = Tensor::empty({B, T, Hv}, sd);
-  ref::gated_delta_backward(dqn, dkn, dv, dg, dbeta, dcore, saved.q, saved.k, saved.v, saved.g,
+  cpu::gated_delta_backward(dqn, dkn, dv, dg, dbeta, dcore, saved.q, saved.k, saved.v, saved.g,
                             saved.beta, opt);
 
   part.emplace(times_, StepPart::norms);

@@ -27,7 +27,11 @@
 //   dg_t = <S', dS>;  dS = exp(g_t) dS, and zero at a document's first token
 // dq and dk sum over the value heads of each q/k head. ref:: recomputes the
 // states from the inputs one (b, h) at a time, keeping T + 1 of them: the
-// oracle, exact but O(T Dk Dv) memory per head.
+// oracle, exact but O(T Dk Dv) memory per head. cpu:: runs the same
+// recurrence, the same operations in the same order (so its results are
+// ref::'s bits, whatever the thread count), one q/k head and its value heads
+// per task, without allocating per step; backward keeps the state every
+// kDeltaCheckpoint tokens and recomputes each span's states from it.
 #include <cstdint>
 #include <span>
 
@@ -38,6 +42,15 @@ namespace tiermoe {
 struct GatedDeltaOptions {
   std::span<const int32_t> doc_start_BT;
 };
+
+namespace cpu {
+inline constexpr int64_t kDeltaCheckpoint = 64;
+void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
+                         const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt = {});
+void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
+                          const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                          const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt = {});
+}  // namespace cpu
 
 namespace ref {
 void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,

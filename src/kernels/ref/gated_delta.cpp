@@ -5,7 +5,7 @@
 #include <cmath>
 #include <vector>
 
-#include "../attention_options.h"
+#include "../gated_delta_check.h"
 #include "../nn_common.h"
 
 namespace tiermoe::ref {
@@ -14,36 +14,6 @@ using namespace nn_detail;
 using detail::str_of;
 
 namespace {
-
-struct DeltaDims {
-  int64_t B, T, Hk, Dk, Hv, Dv;
-  int64_t group() const { return Hv / Hk; }  // value heads per q/k head
-};
-
-DeltaDims check_gated_delta(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& g,
-                            const Tensor& beta, const GatedDeltaOptions& opt, std::string_view op) {
-  check_rank(q, 4, "q", op, "q is [B, T, Hk, Dk]");
-  check_same_shape_as(k, q, "k", "q", op);
-  check_same_dtype_as(k, q, "k", "q", op);
-  check_rank(v, 4, "v", op, "v is [B, T, Hv, Dv]");
-  check_same_dtype_as(v, q, "v", "q", op);
-  const DeltaDims d{q.size(0), q.size(1), q.size(2), q.size(3), v.size(2), v.size(3)};
-  TIERMOE_CHECK(v.size(0) == d.B && v.size(1) == d.T && d.Hk > 0 && d.Hv % d.Hk == 0,
-                str_of("v is ", v.str(), " for q ", q.str()), std::string(op),
-                "v shares q's batch and length, and its heads are a multiple of q's (each q/k "
-                "head serves Hv / Hk value heads)");
-  for (const auto& [t, name] : {std::pair{&g, "g"}, std::pair{&beta, "beta"}}) {
-    check_shape_is(*t, {d.B, d.T, d.Hv}, name, op);
-    check_dtype_is(*t, acc_dtype(q.dtype()), name, op,
-                   "the decay and the write strength are f32 (f64 in f64 runs)");
-  }
-  check_doc_starts(opt.doc_start_BT, d.B, d.T, op);
-  return d;
-}
-
-bool starts_document(const GatedDeltaOptions& opt, int64_t b, int64_t t, int64_t T) {
-  return t == 0 || (!opt.doc_start_BT.empty() && opt.doc_start_BT[size_t(b * T + t)] == t);
-}
 
 // One step's forward from the state before its decay (S_prev [Dk, Dv]):
 // the decayed state S1, the prediction m and the delta d; S2 = S1 + k d^T.
@@ -115,13 +85,7 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
                           const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt) {
   const char* op = "gated_delta_backward";
   const DeltaDims d = check_gated_delta(q, k, v, g, beta, opt, op);
-  const std::tuple<const Tensor&, const Tensor&, const char*> like[] = {
-      {dq, q, "dq"},     {dk, k, "dk"}, {dv, v, "dv"},
-      {dout, v, "dout"}, {dg, g, "dg"}, {dbeta, beta, "dbeta"}};
-  for (const auto& [t, input, name] : like) {
-    check_same_shape_as(t, input, name, "its input", op);
-    check_same_dtype_as(t, input, name, "its input", op);
-  }
+  check_gated_delta_grads(dq, dk, dv, dg, dbeta, dout, q, k, v, g, beta, op);
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     const int64_t Dk = d.Dk, Dv = d.Dv, T_ = d.T;
@@ -224,6 +188,22 @@ void check_gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Te
   }
 }
 
+// One element's gates: x = a + dt_bias, softplus(x) (torch's: x itself past
+// its threshold 20), exp(A_log), and beta rounded to b's dtype.
+template <class T>
+struct Gates {
+  using A = acc_t<T>;
+  A x, softplus, decay, beta;
+  Gates(const Tensor& a, const Tensor& b, const Tensor& A_log, const Tensor& dt_bias, int64_t i,
+        int64_t h)
+      : x(load(a.data<T>()[i]) + load(dt_bias.data<T>()[h])),
+        softplus(x > A(20) ? x : std::log1p(std::exp(x))),
+        decay(std::exp(load(A_log.data<T>()[h]))),
+        beta(load(store<T>(A(1) / (A(1) + std::exp(-load(b.data<T>()[i])))))) {}
+  A g() const { return -decay * softplus; }
+  A dsoftplus() const { return x > A(20) ? A(1) : A(1) / (A(1) + std::exp(-x)); }
+};
+
 }  // namespace
 
 void gated_delta_gates_forward(Tensor& g, Tensor& beta, const Tensor& a, const Tensor& b,
@@ -238,12 +218,9 @@ void gated_delta_gates_forward(Tensor& g, Tensor& beta, const Tensor& a, const T
   visit_dtype(a.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     for (int64_t i = 0; i < a.numel(); ++i) {
-      const int64_t h = i % H;
-      const A x = load(a.data<T>()[i]) + load(dt_bias.data<T>()[h]);
-      const A softplus = x > A(20) ? x : std::log1p(std::exp(x));  // torch's threshold 20
-      g.data<A>()[i] = -std::exp(load(A_log.data<T>()[h])) * softplus;
-      const A s = A(1) / (A(1) + std::exp(-load(b.data<T>()[i])));
-      beta.data<A>()[i] = load(store<T>(s));
+      const Gates<T> e(a, b, A_log, dt_bias, i, i % H);
+      g.data<A>()[i] = e.g();
+      beta.data<A>()[i] = e.beta;
     }
   });
 }
@@ -265,16 +242,13 @@ void gated_delta_gates_backward(Tensor& da, Tensor& db, Tensor& dA_log, Tensor& 
     using A = acc_t<T>;
     for (int64_t i = 0; i < a.numel(); ++i) {
       const int64_t h = i % H;
-      const A x = load(a.data<T>()[i]) + load(dt_bias.data<T>()[h]);
-      const A softplus = x > A(20) ? x : std::log1p(std::exp(x));
-      const A decay = std::exp(load(A_log.data<T>()[h]));
+      const Gates<T> e(a, b, A_log, dt_bias, i, h);
       const A dgi = dg.data<A>()[i];
-      const A dx = dgi * -decay * (x > A(20) ? A(1) : A(1) / (A(1) + std::exp(-x)));
+      const A dx = dgi * -e.decay * e.dsoftplus();
       da.data<T>()[i] = store<T>(dx);
       if (ddt_bias.defined()) ddt_bias.data<A>()[h] += dx;
-      if (dA_log.defined()) dA_log.data<A>()[h] += dgi * -decay * softplus;
-      const A s = load(store<T>(A(1) / (A(1) + std::exp(-load(b.data<T>()[i])))));
-      db.data<T>()[i] = store<T>(dbeta.data<A>()[i] * s * (A(1) - s));
+      if (dA_log.defined()) dA_log.data<A>()[h] += dgi * e.g();
+      db.data<T>()[i] = store<T>(dbeta.data<A>()[i] * e.beta * (A(1) - e.beta));
     }
   });
 }
