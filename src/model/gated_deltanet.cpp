@@ -135,15 +135,17 @@ void GatedDeltaNet::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& 
   Tensor qkv = Tensor::empty({B, T, C}, dt);
   ref::causal_conv_silu_forward(qkv, saved.conv_in.view({B, T, C}),
                                 conv_.value.view({C, dims_.conv_kernel}), rope.doc_start_BT);
-  Tensor q = Tensor::empty({B, T, Hk, Dk}, dt), k = Tensor::empty({B, T, Hk, Dk}, dt);
+  // q and k before their l2 norms are kept for its backward.
+  saved.q_raw = Tensor::empty({B, T, Hk, Dk}, dt);
+  saved.k_raw = Tensor::empty({B, T, Hk, Dk}, dt);
   saved.v = Tensor::empty({B, T, Hv, Dv}, dt);
-  copy_block(q, Kw, 0, qkv, C, 0, Kw);
-  copy_block(k, Kw, 0, qkv, C, Kw, Kw);
+  copy_block(saved.q_raw, Kw, 0, qkv, C, 0, Kw);
+  copy_block(saved.k_raw, Kw, 0, qkv, C, Kw, Kw);
   copy_block(saved.v, Vw, 0, qkv, C, 2 * Kw, Vw);
-  saved.q = Tensor::empty(q.shape(), dt);
-  saved.k = Tensor::empty(k.shape(), dt);
-  ref::l2norm_forward(saved.q, q, 1.0 / std::sqrt(double(Dk)));
-  ref::l2norm_forward(saved.k, k, 1.0);
+  saved.q = Tensor::empty(saved.q_raw.shape(), dt);
+  saved.k = Tensor::empty(saved.k_raw.shape(), dt);
+  ref::l2norm_forward(saved.q, saved.q_raw, 1.0 / std::sqrt(double(Dk)));
+  ref::l2norm_forward(saved.k, saved.k_raw, 1.0);
   saved.g = Tensor::empty({B, T, Hv}, sd);
   saved.beta = Tensor::empty({B, T, Hv}, sd);
   ref::gated_delta_gates_forward(saved.g, saved.beta, saved.a_proj, saved.b_proj, A_log_.value,
@@ -178,7 +180,6 @@ void GatedDeltaNet::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTable
 
   // o = silu(z) * h, h = RMSNorm(core).
   part.emplace(times_, StepPart::norms);
-  Tensor rstd = saved.rstd_core;
   Tensor no_stats;
   const Tensor h = normed_core(saved.core, no_stats);
   Tensor dzh = Tensor::empty({N * Hv, 2 * Dv}, dt);
@@ -189,7 +190,8 @@ void GatedDeltaNet::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTable
   Tensor dcore = Tensor::empty({B, T, Hv, Dv}, dt);
   Tensor dcore_RV = dcore.view({N * Hv, Dv});
   Tensor dnorm = norm_.grad_sink();
-  cpu::rmsnorm_backward(dcore_RV, dnorm, dh, saved.core.view({N * Hv, Dv}), norm_.value, rstd);
+  cpu::rmsnorm_backward(dcore_RV, dnorm, dh, saved.core.view({N * Hv, Dv}), norm_.value,
+                        saved.rstd_core);
 
   part.emplace(times_, StepPart::attention);
   Tensor dqn = Tensor::empty({B, T, Hk, Dk}, dt), dkn = Tensor::empty({B, T, Hk, Dk}, dt);
@@ -203,17 +205,11 @@ void GatedDeltaNet::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTable
   Tensor dA_log = A_log_.grad_sink(), ddt_bias = dt_bias_.grad_sink();
   ref::gated_delta_gates_backward(da, db, dA_log, ddt_bias, dg, dbeta, saved.a_proj, saved.b_proj,
                                   A_log_.value, dt_bias_.value);
-  // Back through the l2 norms (their inputs are the conv's q and k columns,
-  // recomputed), into the conv's output, then through the conv.
-  Tensor qkv = Tensor::empty({B, T, C}, dt);
+  // Back through the l2 norms, into the conv's output, then through the conv.
+  Tensor dq = Tensor::empty(dqn.shape(), dt), dk = Tensor::empty(dkn.shape(), dt);
+  ref::l2norm_backward(dq, dqn, saved.q_raw, 1.0 / std::sqrt(double(Dk)));
+  ref::l2norm_backward(dk, dkn, saved.k_raw, 1.0);
   const Tensor w_CK = conv_.value.view({C, dims_.conv_kernel});
-  ref::causal_conv_silu_forward(qkv, saved.conv_in.view({B, T, C}), w_CK, rope.doc_start_BT);
-  Tensor q = Tensor::empty({B, T, Hk, Dk}, dt), k = Tensor::empty({B, T, Hk, Dk}, dt);
-  copy_block(q, Kw, 0, qkv, C, 0, Kw);
-  copy_block(k, Kw, 0, qkv, C, Kw, Kw);
-  Tensor dq = Tensor::empty(q.shape(), dt), dk = Tensor::empty(k.shape(), dt);
-  ref::l2norm_backward(dq, dqn, q, 1.0 / std::sqrt(double(Dk)));
-  ref::l2norm_backward(dk, dkn, k, 1.0);
   Tensor dqkv = Tensor::empty({B, T, C}, dt);
   copy_block(dqkv, C, 0, dq, Kw, 0, Kw);
   copy_block(dqkv, C, Kw, dk, Kw, 0, Kw);

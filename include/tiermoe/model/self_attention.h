@@ -46,7 +46,7 @@ struct RopeTables {
 // What forward keeps for backward; each kind fills the fields it names.
 struct AttentionSaved {
   Tensor x_TD;                 // block input (the normed hidden state)
-  Tensor q_raw, k_raw;         // GQA: q and k before the q/k norm; MLA: the q and kv latents
+  Tensor q_raw, k_raw;         // GQA, Gated DeltaNet: q and k before their norm; MLA: the latents
   Tensor rstd_q, rstd_k;       // those norms' statistics
   Tensor q_latent, kv_latent;  // MLA: the normed latents (q_b_proj's and kv_b_proj's inputs)
   Tensor q, k, v;              // [B, T, H(kv), P(v)] as attention read them (after norm, rope)
