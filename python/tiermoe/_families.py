@@ -25,6 +25,7 @@ EXPERTS = {
     "Glm4MoeLiteExperts": "swiglu",
     "DeepseekV2Experts": "swiglu",
     "MiniMaxM2Experts": "swiglu",
+    "Qwen3_5MoeExperts": "swiglu",
     "GptOssExperts": "gpt_oss",
 }
 
@@ -69,6 +70,9 @@ BLOCKS = {
     "MiniMaxM2SparseMoeBlock": BlockSpec("gate", "deepseek_v3", renormalize=lambda gate: True,
                                          jitter=True, grouped=False,
                                          selection_bias=lambda block: block.e_score_correction_bias),
+    # Qwen2-MoE's gated shared expert under a router that always renormalises.
+    "Qwen3_5MoeSparseMoeBlock": BlockSpec("gate", "softmax_topk", renormalize=lambda gate: True,
+                                          shared=_qwen2_shared),
     "GptOssMLP": BlockSpec("router", "gpt_oss", renormalize=lambda gate: False,
                            returns_scores=True),
 }

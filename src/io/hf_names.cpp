@@ -15,12 +15,14 @@ template <class Add>
 void add_gqa_attention(const Add& add, const ModelConfig& c) {
   const int64_t D = c.hidden_size, P = c.head_dim, H = c.num_attention_heads;
   const int64_t Hkv = c.num_key_value_heads;
-  add("self_attn.q_proj.weight", {H * P, D}, HfRole::attention);
+  // Qwen3.5's output gate: [q | gate] per head.
+  const int64_t Q = c.spec().attention_output_gate ? 2 * H * P : H * P;
+  add("self_attn.q_proj.weight", {Q, D}, HfRole::attention);
   add("self_attn.k_proj.weight", {Hkv * P, D}, HfRole::attention);
   add("self_attn.v_proj.weight", {Hkv * P, D}, HfRole::attention);
   add("self_attn.o_proj.weight", {D, H * P}, HfRole::attention);
   if (c.q_k_v_bias()) {
-    add("self_attn.q_proj.bias", {H * P}, HfRole::bias);
+    add("self_attn.q_proj.bias", {Q}, HfRole::bias);
     add("self_attn.k_proj.bias", {Hkv * P}, HfRole::bias);
     add("self_attn.v_proj.bias", {Hkv * P}, HfRole::bias);
   }
@@ -61,6 +63,23 @@ void add_mla_attention(const Add& add, const ModelConfig& c) {
   if (c.attention_bias) add("self_attn.o_proj.bias", {D}, HfRole::bias);
 }
 
+// Gated DeltaNet's (model/gated_deltanet.h), in Qwen3_5MoeGatedDeltaNet's order.
+template <class Add>
+void add_linear_attention(const Add& add, const ModelConfig& c) {
+  const int64_t D = c.hidden_size, Hv = c.linear_num_value_heads;
+  const int64_t key = c.linear_num_key_heads * c.linear_key_head_dim;
+  const int64_t value = Hv * c.linear_value_head_dim, C = 2 * key + value;
+  add("linear_attn.dt_bias", {Hv}, HfRole::decay);
+  add("linear_attn.A_log", {Hv}, HfRole::decay);
+  add("linear_attn.conv1d.weight", {C, 1, c.linear_conv_kernel_dim}, HfRole::conv);
+  add("linear_attn.norm.weight", {c.linear_value_head_dim}, HfRole::gated_norm);
+  add("linear_attn.out_proj.weight", {D, value}, HfRole::attention);
+  add("linear_attn.in_proj_qkv.weight", {C, D}, HfRole::attention);
+  add("linear_attn.in_proj_z.weight", {value, D}, HfRole::attention);
+  add("linear_attn.in_proj_b.weight", {Hv, D}, HfRole::attention);
+  add("linear_attn.in_proj_a.weight", {Hv, D}, HfRole::attention);
+}
+
 void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
   const int64_t D = c.hidden_size;
   const std::string p = "model.layers." + std::to_string(l) + ".";
@@ -71,6 +90,8 @@ void add_layer(std::vector<HfTensor>& out, const ModelConfig& c, int64_t l) {
   add("input_layernorm.weight", {D}, HfRole::norm);
   if (c.mla()) {
     add_mla_attention(add, c);
+  } else if (c.linear_attention(l)) {
+    add_linear_attention(add, c);
   } else {
     add_gqa_attention(add, c);
   }
@@ -235,9 +256,24 @@ void fill_hf_tensor_blocks(Tensor& out, const HfTensor& t, const ModelConfig& c,
   const double std = c.initializer_range;
   visit_dtype(out.dtype(), [&]<class T>() {
     T* p = out.data<T>();
-    if (t.role == HfRole::norm || t.role == HfRole::bias) {
-      const T v = store<T>(acc_t<T>(t.role == HfRole::norm ? 1.0 : 0.0));
-      std::fill(p + lo, p + hi, v);
+    // As the family's _init_weights: norms 1 (0 where they scale by 1 + w),
+    // biases 0, dt_bias 1, A_log log U(0.01, 16) (below).
+    const bool dt_bias = t.role == HfRole::decay && t.name.ends_with("dt_bias");
+    if (t.role == HfRole::norm || t.role == HfRole::bias || t.role == HfRole::gated_norm ||
+        dt_bias) {
+      const bool zero =
+          t.role == HfRole::bias || (t.role == HfRole::norm && c.spec().zero_centred_norms);
+      std::fill(p + lo, p + hi, store<T>(acc_t<T>(zero ? 0.0 : 1.0)));
+      return;
+    }
+    if (t.role == HfRole::decay) {  // A_log
+      for (int64_t b = block_begin; b < block_end; ++b) {
+        Rng rng(hf_init_seed(seed, t.name, b));
+        const int64_t end = std::min((b + 1) * kHfInitBlock, out.numel());
+        for (int64_t i = b * kHfInitBlock; i < end; ++i) {
+          p[i] = store<T>(acc_t<T>(std::log(0.01 + (16.0 - 0.01) * rng.uniform())));
+        }
+      }
       return;
     }
     for (int64_t b = block_begin; b < block_end; ++b) {

@@ -29,6 +29,11 @@ int64_t ModelConfig::attention_window(int64_t layer) const {
   return sliding ? sliding_window.value_or(0) : 0;
 }
 
+bool ModelConfig::linear_attention(int64_t layer) const {
+  return spec().attention == AttentionKind::hybrid_linear && layer >= 0 &&
+         size_t(layer) < layer_types.size() && layer_types[size_t(layer)] == "linear_attention";
+}
+
 bool ModelConfig::is_moe_layer(int64_t layer) const {
   if (num_experts <= 0 || layer < first_k_dense_replace) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {

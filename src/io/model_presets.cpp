@@ -52,6 +52,7 @@ std::vector<std::string> preset_names() {
           "tiny-glm4-moe-lite",
           "tiny-deepseek-v2",
           "tiny-minimax-m2",
+          "tiny-qwen3.5-moe",
           "small",
           "qwen3-30b-a3b",
           "qwen2-57b-a14b",
@@ -63,7 +64,8 @@ std::vector<std::string> preset_names() {
           "glm-4.7-flash",
           "deepseek-v2",
           "deepseek-v2-lite",
-          "minimax-m2"};
+          "minimax-m2",
+          "qwen3.5-35b-a3b"};
 }
 
 ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
@@ -73,7 +75,7 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
   c.rms_norm_eps = 1e-6;
   if (name == "tiny" || name == "tiny-qwen2-moe" || name == "tiny-glm4-moe" ||
       name == "tiny-gpt-oss" || name == "tiny-deepseek-v3" || name == "tiny-glm4-moe-lite" ||
-      name == "tiny-deepseek-v2" || name == "tiny-minimax-m2") {
+      name == "tiny-deepseek-v2" || name == "tiny-minimax-m2" || name == "tiny-qwen3.5-moe") {
     c.vocab_size = 256;
     c.hidden_size = 64;
     c.intermediate_size = 128;
@@ -149,6 +151,17 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
       c.intermediate_size = c.moe_intermediate_size;  // the config's one width
       c.partial_rotary_factor = 0.5;
       c.rope_theta = 5e6;
+    }
+    if (name == "tiny-qwen3.5-moe") {  // linear and full attention alternating
+      c.family = ModelFamily::qwen3_5_moe;
+      c.model_type = "qwen3_5_moe_text";
+      c.partial_rotary_factor = 0.25;
+      c.shared_expert_intermediate_size = 48;
+      c.linear_num_key_heads = 2;
+      c.linear_num_value_heads = 4;
+      c.linear_key_head_dim = 16;
+      c.linear_value_head_dim = 16;
+      c.linear_conv_kernel_dim = 4;
     }
     if (name == "tiny-deepseek-v2") {  // V2's router over the same shapes, 2 shared experts
       deepseek_v2_pieces(c);
@@ -352,6 +365,16 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c = parse_model_config(
         R"({"model_type": "minimax_m2", "rotary_dim": 64, "torch_dtype": "bfloat16"})",
         "preset minimax-m2");
+  } else if (name == "qwen3.5-35b-a3b") {
+    // Qwen3_5MoeTextConfig's defaults in transformers 5.25 are
+    // Qwen3.5-35B-A3B's shapes (40 layers, three Gated DeltaNet layers to one
+    // gated attention layer; 256 experts of 512, 8 per token, a shared expert
+    // of 512); its released config adds rope_theta 10^7 and 262,144 positions.
+    c = parse_model_config(R"({"model_type": "qwen3_5_moe_text", "torch_dtype": "bfloat16",
+                               "max_position_embeddings": 262144,
+                               "rope_parameters": {"rope_type": "default", "rope_theta": 1e7,
+                                                   "partial_rotary_factor": 0.25}})",
+                           "preset qwen3.5-35b-a3b");
   } else {
     std::string names;
     for (const auto& n : preset_names()) names += (names.empty() ? "" : ", ") + n;
@@ -368,6 +391,14 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     c.layer_types.clear();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
       c.layer_types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+    }
+  }
+  if (c.family == ModelFamily::qwen3_5_moe) {
+    // full_attention_interval's rule: every 4th layer full (tiny: every 2nd).
+    const int64_t interval = name == "tiny-qwen3.5-moe" ? 2 : 4;
+    c.layer_types.clear();
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      c.layer_types.push_back((l + 1) % interval != 0 ? "linear_attention" : "full_attention");
     }
   }
   c.validate(str_of("preset ", name));

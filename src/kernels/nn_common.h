@@ -171,6 +171,12 @@ inline A silu_grad(A x) {
   return s * (A(1) + x * (A(1) - s));
 }
 
+// sigmoid(x) on exp_acc.
+template <class A>
+inline A sigmoid(A x) {
+  return A(1) / (A(1) + exp_acc(-x));
+}
+
 // GPT-OSS's clamped GLU of one (gate, up) pair, as GptOssExperts._apply_gate:
 //   g = min(gate, limit), u = clamp(up, -limit, limit), a = (u + 1) g sigmoid(alpha g)
 // with sigmoid on exp_acc (no libm call in f32 runs, so the loops vectorize).

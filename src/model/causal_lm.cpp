@@ -31,6 +31,16 @@ void check_model_supported(const ModelConfig& c, const std::string& where) {
 
 namespace {
 
+// The role of an attention kind's weight, by its name under the module.
+HfRole attention_role(const std::string& suffix) {
+  if (suffix == "conv1d.weight") return HfRole::conv;  // Gated DeltaNet's
+  if (suffix == "A_log" || suffix == "dt_bias") return HfRole::decay;
+  if (suffix == "norm.weight") return HfRole::gated_norm;
+  if (suffix.find("norm") != std::string::npos) return HfRole::norm;
+  if (suffix.ends_with(".bias")) return HfRole::bias;
+  return suffix == "sinks" ? HfRole::sink : HfRole::attention;
+}
+
 std::unique_ptr<Dispatcher> make_dispatcher(const ModelConfig& c, Comm* comm) {
   if (!comm || comm->size() == 1) return std::make_unique<LocalDispatcher>();
   TIERMOE_CHECK(c.spec().expert_layout != ExpertLayout::fused_x_major,
@@ -100,11 +110,7 @@ std::vector<CausalLM::Slot> CausalLM::slots(bool with_grads) {
     const std::string& p = layer->prefix();
     weight(p + "input_layernorm.weight", HfRole::norm, layer->input_layernorm());
     for (auto& [suffix, w] : layer->attention().weights()) {
-      HfRole role = suffix.find("norm") != std::string::npos ? HfRole::norm
-                    : suffix.ends_with(".bias")              ? HfRole::bias
-                    : suffix == "sinks"                      ? HfRole::sink
-                                                             : HfRole::attention;
-      weight(p + "self_attn." + suffix, role, *w);
+      weight(layer->attention_name() + "." + suffix, attention_role(suffix), *w);
     }
     weight(p + "post_attention_layernorm.weight", HfRole::norm, layer->post_attention_layernorm());
     if (DenseMlp* mlp = layer->dense_mlp()) {

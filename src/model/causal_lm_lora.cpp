@@ -34,8 +34,8 @@ std::vector<CausalLM::LoraModule> CausalLM::lora_modules() const {
   std::vector<LoraModule> out;
   for (const auto& layer : layers_) {
     for (LoraAdapter* a : layer->lora_adapters()) {
-      HfRole role = a->name().find(".self_attn.") != std::string::npos ? HfRole::attention
-                                                                       : HfRole::dense_mlp;
+      const bool attention = a->name().starts_with(layer->attention_name() + ".");
+      HfRole role = attention ? HfRole::attention : HfRole::dense_mlp;
       out.push_back({a->name(), role, a->A_RI, a->B_OR, a->dA_RI, a->dB_OR, -1});
     }
     MoeBlock* moe = layer->moe();

@@ -368,7 +368,7 @@ void CausalLM::bind_checkpoint_matrices(const CheckpointTensors& ck,
     const std::string& p = layer->prefix();
     for (auto& [suffix, w] : layer->attention().weights()) {
       if (w->value.dim() == 2) {  // the projections (kv_a_proj_with_mqa too), not norms or biases
-        w->value = matrix({p + "self_attn." + suffix}, w->value.shape());
+        w->value = matrix({layer->attention_name() + "." + suffix}, w->value.shape());
       }
     }
     auto bind_dense = [&](const std::string& module, DenseMlp& mlp) {

@@ -11,6 +11,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
                            const Dispatcher& dispatcher, MatrixAlloc alloc)
     : layer_(layer),
       prefix_("model.layers." + std::to_string(layer) + "."),
+      attention_name_(prefix_ + std::string(c.attention_module(layer))),
       mlp_name_(prefix_ + std::string(c.is_moe_layer(layer) ? c.spec().moe_block : "mlp")),
       eps_(c.rms_norm_eps),
       norm_cast_(rmsnorm_cast(c)),
@@ -30,7 +31,7 @@ DecoderLayer::DecoderLayer(const ModelConfig& c, int64_t layer, DType compute,
 }
 
 void DecoderLayer::enable_lora(const LoraConfig& config, Rng& rng) {
-  attn_->enable_lora(config, prefix_ + "self_attn.", rng);
+  attn_->enable_lora(config, attention_name_ + ".", rng);
   if (mlp_) {
     mlp_->enable_lora(config, mlp_name_ + ".", rng);
   } else {
@@ -77,7 +78,7 @@ Tensor DecoderLayer::forward(const Tensor& x_TD, const RopeTables& rope, Decoder
     add_inplace(h_TD, x_TD);
     // The guard runs on the residual stream: the input was finite, so a
     // non-finite value here came from this half (before a router sees it).
-    check_finite_activation(h_TD, prefix_ + "self_attn output");
+    check_finite_activation(h_TD, attention_name_ + " output");
     cpu::rmsnorm_forward(m_TD, saved.rstd_post_T, h_TD, norm_post_.value, eps_, norm_cast_);
   });
   Tensor out_TD;

@@ -66,14 +66,12 @@ const char* GatedDeltaNet::proj_name(Proj p) {
 }
 
 std::vector<std::pair<std::string, Weight*>> GatedDeltaNet::weights() {
-  std::vector<std::pair<std::string, Weight*>> out;
-  for (Proj p : {kQkv, kZ, kB, kA})
+  std::vector<std::pair<std::string, Weight*>> out = {{"dt_bias", &dt_bias_},
+                                                      {"A_log", &A_log_},
+                                                      {"conv1d.weight", &conv_},
+                                                      {"norm.weight", &norm_}};
+  for (Proj p : {kOut, kQkv, kZ, kB, kA})
     out.push_back({std::string(proj_name(p)) + ".weight", &proj_[p].weight});
-  out.push_back({"conv1d.weight", &conv_});
-  out.push_back({"dt_bias", &dt_bias_});
-  out.push_back({"A_log", &A_log_});
-  out.push_back({"norm.weight", &norm_});
-  out.push_back({"out_proj.weight", &proj_[kOut].weight});
   return out;
 }
 

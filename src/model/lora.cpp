@@ -116,6 +116,11 @@ void LoraConfig::validate(std::string_view where) const {
 }
 
 std::set<std::string> lora_default_targets(const ModelConfig& config) {
+  if (config.spec().attention == AttentionKind::hybrid_linear) {
+    std::set<std::string> out = LoraConfig{}.targets;
+    out.insert({"in_proj_qkv", "in_proj_z", "out_proj"});
+    return out;
+  }
   if (!config.mla()) return LoraConfig{}.targets;
   std::set<std::string> out = {"kv_a_proj_with_mqa", "kv_b_proj", "o_proj"};
   if (config.q_lora_rank > 0) {

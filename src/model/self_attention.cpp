@@ -2,6 +2,7 @@
 
 #include "tiermoe/kernels/rope.h"
 #include "tiermoe/model/attention_block.h"
+#include "tiermoe/model/gated_deltanet.h"
 #include "tiermoe/model/mla_attention.h"
 
 namespace tiermoe {
@@ -36,6 +37,16 @@ RopeTables RopeTables::make(int64_t B, int64_t T, const RopeFrequencies& freqs, 
 std::unique_ptr<SelfAttention> make_self_attention(const ModelConfig& c, int64_t layer,
                                                    DType compute, MatrixAlloc alloc) {
   if (c.mla()) return std::make_unique<MlaAttention>(c, compute, alloc);
+  if (c.linear_attention(layer)) {
+    const GatedDeltaNetDims dims{.hidden = c.hidden_size,
+                                 .key_heads = c.linear_num_key_heads,
+                                 .key_dim = c.linear_key_head_dim,
+                                 .value_heads = c.linear_num_value_heads,
+                                 .value_dim = c.linear_value_head_dim,
+                                 .conv_kernel = c.linear_conv_kernel_dim,
+                                 .norm_eps = c.rms_norm_eps};
+    return std::make_unique<GatedDeltaNet>(dims, compute, alloc);
+  }
   return std::make_unique<AttentionBlock>(c, layer, compute, alloc);
 }
 

@@ -57,7 +57,7 @@ struct Sizes {
 
 // Forward state of one decoder layer outside the MoE layer's record
 // (activations), alive until backward ends.
-size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_attn,
+size_t layer_kept(const Sizes& z, const ModelConfig& c, int64_t layer, bool moe, int64_t lora_attn,
                   int64_t lora_mlp, bool shared_kept) {
   // lora_mlp: the dense MLP's adapted projections, or in a MoE layer the
   // shared expert's (none kept when the region `shared` replays).
@@ -71,11 +71,22 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, bool moe, int64_t lora_a
     const int64_t Q = c.qk_head_dim(), Pv = c.v_head_dim, Rq = c.q_lora_rank;
     b += size_t(z.N) * (2 * Rq + 2 * c.kv_lora_rank + 2 * z.H * (Q + Pv)) * z.s;
     b += size_t(z.N) * ((Rq > 0 ? 1 : 0) + 1 + z.H) * z.a;
+  } else if (c.linear_attention(layer)) {
+    // Gated DeltaNet (model/gated_deltanet.cpp): the conv's input [N, C], z,
+    // in_proj_b's and _a's outputs, q and k before and after their l2 norms,
+    // v, the rule's output and the gated output; g, beta and the norm's rstd.
+    const int64_t Kw = c.linear_num_key_heads * c.linear_key_head_dim;
+    const int64_t Vw = c.linear_num_value_heads * c.linear_value_head_dim;
+    const int64_t Hv = c.linear_num_value_heads;
+    b += size_t(z.N) * ((2 * Kw + Vw) + 4 * Kw + 4 * Vw + 2 * Hv) * z.s;
+    b += size_t(z.N) * 3 * Hv * z.a;
   } else {
     b += size_t(z.N) * (qk == QkNorm::none ? HP + 2 * KP : 2 * (HP + KP) + KP) * z.s;
     if (qk == QkNorm::per_head) b += size_t(z.N) * (z.H + z.Hkv) * z.a;
     if (qk == QkNorm::whole) b += size_t(z.N) * 2 * z.a;
     b += size_t(z.N) * HP * z.s + size_t(z.N) * z.H * z.a;  // o, lse
+    // The output gate's input and attention's output before it (Qwen3.5).
+    if (c.spec().attention_output_gate) b += size_t(z.N) * 2 * HP * z.s;
   }
   b += size_t(z.N) * z.R * 4 * size_t(lora_attn + lora_mlp);  // LoRA u (fp32; f64 runs: below)
   if (!moe) b += size_t(z.N) * (z.D + 3 * z.I) * z.s;         // dense: m, h [N, 2I], a [N, I]
@@ -172,6 +183,8 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // than the run's; narrower ones are widened by the products (*_mixed).
   const bool keep_stored = mapped && is_narrower_or_same(stored->dtype, dt);
   const bool mixed = keep_stored && stored->dtype != dt;
+  // Adapted attention projections per layer (hybrid models' layers differ).
+  std::vector<int64_t> lora_attn_of(size_t(c.num_hidden_layers));
   int64_t trainable = 0, replicated_trainable = 0, lora_attn_modules = 0, lora_dense_modules = 0,
           lora_shared_modules = 0;
   bool lora_w13 = false, lora_w2 = false;
@@ -221,6 +234,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     const int64_t bwd = t.shape[0] + R + (widened ? t.shape[1] : 0);  // [out, in]
     if (t.role == HfRole::attention) {
       ++lora_attn_modules;
+      ++lora_attn_of[size_t(t.layer)];
       lora_attn_bwd = std::max(lora_attn_bwd, bwd);
     }
     if (t.role == HfRole::dense_mlp) {
@@ -312,7 +326,6 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   const int64_t layers = c.num_hidden_layers;
   const int64_t moe_layers = c.num_experts > 0 ? c.num_moe_layers() : 0;
   const int64_t dense_layers = layers - moe_layers;
-  const int64_t lora_attn_per_layer = layers ? lora_attn_modules / layers : 0;
   const int64_t lora_dense_per_layer = dense_layers ? lora_dense_modules / dense_layers : 0;
   const int64_t lora_shared_per_layer = moe_layers ? lora_shared_modules / moe_layers : 0;
   // The shared expert (region `shared`) keeps its record or replays it in backward.
@@ -322,7 +335,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   size_t kept = 0;
   for (int64_t l = 0; l < layers; ++l) {
     const bool moe = c.num_experts > 0 && c.is_moe_layer(l);
-    kept += layer_kept(z, c, moe, lora_attn_per_layer,
+    kept += layer_kept(z, c, l, moe, lora_attn_of[size_t(l)],
                        moe ? lora_shared_kept : lora_dense_per_layer, shared_kept);
   }
   if (dt == DType::f64) {
@@ -380,12 +393,31 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     attn_bwd = 5 * ND + size_t(z.N) * 2 * (HQ + HV) * z.s +
                std::max(after, cpu::attention_backward_scratch_bytes(B, L, z.H, z.H, Q, Pv, dt));
   } else {
+    // The output gate's (Qwen3.5): the gradients of its input and of what it
+    // gates, and q_proj's [q | gate] gradient at the end.
+    const bool gate = c.spec().attention_output_gate;
     const size_t after = size_t(z.N) * (c.qk_norm() == QkNorm::none ? 0 : HP + KP) * z.s +
+                         size_t(z.N) * (gate ? 2 * HP : 0) * z.s +
                          size_t(z.N * lora_attn_bwd) * master +
-                         mixed_dx(z.N, {{HP, z.D}, {KP, z.D}, {z.D, HP}});
+                         mixed_dx(z.N, {{(gate ? 2 : 1) * HP, z.D}, {KP, z.D}, {z.D, HP}});
     attn_bwd =
-        5 * ND + size_t(z.N) * (HP + HP + 2 * KP) * z.s +
+        5 * ND + size_t(z.N) * (HP + HP + 2 * KP + (gate ? 2 * HP : 0)) * z.s +
         std::max(after, cpu::attention_backward_scratch_bytes(B, L, z.H, z.Hkv, z.P, z.P, dt));
+  }
+  if (c.spec().attention == AttentionKind::hybrid_linear) {
+    // A Gated DeltaNet layer's backward holds every gradient it makes until
+    // it returns (model/gated_deltanet.cpp): of the output, h and its
+    // [z | h] pair, of z, h and the rule's output, of q, k (after and before
+    // their l2 norms) and v, of the gates' inputs, the conv's output and
+    // input. (The rule's own scratch, a state every 64 tokens per thread, is
+    // a few MB outside the tagged allocator.)
+    const int64_t Kw = c.linear_num_key_heads * c.linear_key_head_dim,
+                  Hv = c.linear_num_value_heads;
+    const int64_t Vw = Hv * c.linear_value_head_dim, C = 2 * Kw + Vw;
+    const size_t gdn = 5 * ND + size_t(z.N) * (8 * Vw + 4 * Kw + 2 * C + 2 * Hv) * z.s +
+                       size_t(z.N) * 2 * Hv * z.a + size_t(z.N * lora_attn_bwd) * master +
+                       mixed_dx(z.N, {{C, z.D}, {Vw, z.D}, {z.D, Vw}});
+    attn_bwd = std::max(attn_bwd, gdn);
   }
   size_t mlp_bwd = 0;
   if (moe_layers) {

@@ -61,7 +61,8 @@ std::vector<Parameter> trainable_parameters(CausalLM& model) {
   for (ModelParam& p : model.has_lora() ? model.lora_params() : model.params()) {
     if (!p.requires_grad) continue;
     Parameter param = Parameter::wrap(p.name, p.value, p.grad);
-    param.weight_decay = p.role != HfRole::norm && p.role != HfRole::bias;
+    param.weight_decay = p.role != HfRole::norm && p.role != HfRole::bias &&
+                         p.role != HfRole::gated_norm && p.role != HfRole::decay;
     param.expert = p.expert;
     out.push_back(std::move(param));
   }

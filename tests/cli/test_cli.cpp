@@ -304,9 +304,9 @@ TEST_F(Cli, BadFlagsGiveClearErrors) {
       {{"init", "--preset", "huge", "--out", out},
        1,
        "tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, tiny-deepseek-v3, tiny-glm4-moe-lite, "
-       "tiny-deepseek-v2, tiny-minimax-m2, small, qwen3-30b-a3b, qwen2-57b-a14b, glm-4.5-air, "
-       "gpt-oss-20b, gpt-oss-120b, deepseek-v3, kimi-k2, glm-4.7-flash, deepseek-v2, "
-       "deepseek-v2-lite, minimax-m2"},
+       "tiny-deepseek-v2, tiny-minimax-m2, tiny-qwen3.5-moe, small, qwen3-30b-a3b, "
+       "qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b, gpt-oss-120b, deepseek-v3, kimi-k2, "
+       "glm-4.7-flash, deepseek-v2, deepseek-v2-lite, minimax-m2, qwen3.5-35b-a3b"},
       {{"init", "--preset", "tiny", "--out", out, "--dtype", "f16"}, 1, "unknown dtype 'f16'"},
       {{"init", "--preset", "tiny", "--out", out, "--layers", "0"}, 2, "--layers"},
       {{"init", "--preset", "tiny", "--out", out, "--max-shard-size", "lots"},

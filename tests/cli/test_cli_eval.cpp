@@ -183,7 +183,7 @@ TEST_F(CliEval, SaveGradsWritesEveryFamilysGradientsAsTransformersHoldsThem) {
       {data + "/families/qwen3_moe_int4", ""}, {data + "/families/deepseek_v3_fp8", ""},
       {data + "/families/glm4_moe_lite", ""},  {data + "/families/deepseek_v2", ""},
       {data + "/families/minimax_m2", ""},     {data + "/families/minimax_m2_fp8", ""},
-      {data + "/mxfp4/model", data + "/mxfp4"}};
+      {data + "/families/qwen3_5_moe", ""},    {data + "/mxfp4/model", data + "/mxfp4"}};
   for (const auto& [model, files] : fixtures) {
     SCOPED_TRACE(model);
     const std::string dir = files.empty() ? model : files;

@@ -117,14 +117,16 @@ TEST_F(CliTrainTier, QuantizedExpertsOnTheCpuDeviceGiveTheHostLosses) {
 // expert beside the routed ones) around latent attention: the device tier
 // gives the host's losses, fully trained in bf16 and under LoRA; and the
 // same model under GLM-4.7-Flash's family spec, with DeepSeek-V2's router,
-// and MiniMax-M2's (the selection bias held by the block).
+// and MiniMax-M2's (the selection bias held by the block); and Qwen3.5-MoE's
+// Gated DeltaNet around gated attention.
 TEST_F(CliTrainTier, DeepseekV3OnTheCpuDeviceGivesTheHostLosses) {
   const std::vector<std::vector<std::string>> runs = {
       {"--preset", "tiny-deepseek-v3", "--dtype", "bf16"},
       {"--preset", "tiny-deepseek-v3", "--lora-rank", "2", "--dtype", "f32"},
       {"--preset", "tiny-glm4-moe-lite", "--lora-rank", "2", "--dtype", "bf16"},
       {"--preset", "tiny-deepseek-v2", "--lora-rank", "2", "--dtype", "bf16"},
-      {"--preset", "tiny-minimax-m2", "--lora-rank", "2", "--dtype", "bf16"}};
+      {"--preset", "tiny-minimax-m2", "--lora-rank", "2", "--dtype", "bf16"},
+      {"--preset", "tiny-qwen3.5-moe", "--lora-rank", "2", "--dtype", "bf16"}};
   for (const auto& how : runs) {
     SCOPED_TRACE(how.size());
     const RunResult host = run(tier_quick(how));

@@ -166,7 +166,12 @@ INSTANTIATE_TEST_SUITE_P(
              true, "tiny-deepseek-v2"},
         // MiniMax-M2: the sigmoid router's bias on the block, whole-projection q/k norm.
         Case{"minimax_m2_f32_lora_device_tier", DType::f32, "q_proj,k_proj,v_proj,o_proj", "auto",
-             "default", true, nullptr, true, "tiny-minimax-m2"}),
+             "default", true, nullptr, true, "tiny-minimax-m2"},
+        // Qwen3.5-MoE: Gated DeltaNet and gated attention replicated like
+        // any attention, the gated shared expert beside the routed ones.
+        Case{"qwen3_5_moe_f32_lora_device_tier", DType::f32,
+             "q_proj,v_proj,in_proj_qkv,in_proj_z,out_proj", "auto", "default", true, nullptr, true,
+             "tiny-qwen3.5-moe"}),
     [](const ::testing::TestParamInfo<Case>& info) { return std::string(info.param.name); });
 
 }  // namespace

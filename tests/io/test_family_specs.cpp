@@ -45,7 +45,7 @@ std::vector<std::string> transformers_configs() {
 }
 
 TEST(FamilySpecs, EachFamilyIsFoundByItsModelTypeAndAliases) {
-  ASSERT_EQ(all_families().size(), 10u);
+  ASSERT_EQ(all_families().size(), 11u);
   for (ModelFamily family : all_families()) {
     const FamilySpec& spec = family_spec(family);
     EXPECT_EQ(spec.family, family);

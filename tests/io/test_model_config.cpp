@@ -401,7 +401,7 @@ INSTANTIATE_TEST_SUITE_P(
             R"({"model_type": "llama"})",
             {"llama",
              "qwen3_moe, mixtral, olmoe, qwen2_moe, glm4_moe, gpt_oss, deepseek_v3 (kimi_k2), "
-             "glm4_moe_lite, deepseek_v2, minimax_m2"}},
+             "glm4_moe_lite, deepseek_v2, minimax_m2, qwen3_5_moe_text"}},
         BadConfig{"no_type", R"({"hidden_size": 64})", {"model_type"}},
         BadConfig{"invalid_json", R"({"model_type": "qwen3_moe",)", {"invalid JSON"}},
         BadConfig{"not_object", R"([1, 2])", {"array"}},
@@ -603,10 +603,10 @@ TEST(ModelConfig, Presets) {
     std::string msg = e.what();
     EXPECT_NE(msg.find("huge"), std::string::npos);
     EXPECT_NE(msg.find("tiny, tiny-qwen2-moe, tiny-glm4-moe, tiny-gpt-oss, tiny-deepseek-v3, "
-                       "tiny-glm4-moe-lite, tiny-deepseek-v2, tiny-minimax-m2, small, "
-                       "qwen3-30b-a3b, qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b, gpt-oss-120b, "
-                       "deepseek-v3, kimi-k2, glm-4.7-flash, deepseek-v2, deepseek-v2-lite, "
-                       "minimax-m2"),
+                       "tiny-glm4-moe-lite, tiny-deepseek-v2, tiny-minimax-m2, tiny-qwen3.5-moe, "
+                       "small, qwen3-30b-a3b, qwen2-57b-a14b, glm-4.5-air, gpt-oss-20b, "
+                       "gpt-oss-120b, deepseek-v3, kimi-k2, glm-4.7-flash, deepseek-v2, "
+                       "deepseek-v2-lite, minimax-m2, qwen3.5-35b-a3b"),
               std::string::npos)
         << msg;
   }

@@ -188,3 +188,38 @@ TEST(Swiglu, RejectsBadShapesAndDtypes) {
   Tensor undefined;
   EXPECT_THROW(ref::silu_forward(undefined, x), Error);
 }
+
+// The output gate y = x * sigmoid(g): cpu:: is ref::'s expression per
+// element, bitwise in every dtype; both gradients by finite differences.
+TEST(SigmoidGate, CpuMatchesRefBitwiseAndFiniteDifferences) {
+  Rng rng(5);
+  for (DType dt : kDTypes) {
+    for (Shape shape : {Shape{1}, Shape{3, 7}, Shape{300, 257}}) {
+      Tensor x = random_tensor(shape, dt, rng, 2.0), g = random_tensor(shape, dt, rng, 4.0);
+      Tensor dy = random_tensor(shape, dt, rng);
+      Tensor y_ref = Tensor::empty(shape, dt), y_cpu = Tensor::empty(shape, dt);
+      ref::sigmoid_gate_forward(y_ref, x, g);
+      cpu::sigmoid_gate_forward(y_cpu, x, g);
+      EXPECT_TRUE(bitwise_equal(y_cpu, y_ref, "gate y " + x.str()));
+      Tensor dx_ref = Tensor::empty(shape, dt), dg_ref = Tensor::empty(shape, dt);
+      Tensor dx_cpu = Tensor::empty(shape, dt), dg_cpu = Tensor::empty(shape, dt);
+      ref::sigmoid_gate_backward(dx_ref, dg_ref, dy, x, g);
+      cpu::sigmoid_gate_backward(dx_cpu, dg_cpu, dy, x, g);
+      EXPECT_TRUE(bitwise_equal(dx_cpu, dx_ref, "gate dx " + x.str()));
+      EXPECT_TRUE(bitwise_equal(dg_cpu, dg_ref, "gate dg " + x.str()));
+    }
+  }
+  Tensor x = random_tensor({4, 9}, DType::f64, rng, 2.0);
+  Tensor g = random_tensor({4, 9}, DType::f64, rng, 3.0);
+  Tensor r = random_tensor({4, 9}, DType::f64, rng);
+  Tensor y = Tensor::empty({4, 9}, DType::f64);
+  Tensor dx = Tensor::empty({4, 9}, DType::f64), dg = Tensor::empty({4, 9}, DType::f64);
+  auto loss = [&] {
+    ref::sigmoid_gate_forward(y, x, g);
+    return weighted_sum(y, r);
+  };
+  cpu::sigmoid_gate_backward(dx, dg, r, x, g);
+  EXPECT_TRUE(fd_check(loss, x, dx, "gate dx"));
+  EXPECT_TRUE(fd_check(loss, g, dg, "gate dg"));
+  EXPECT_NEAR(y.get(0), x.get(0) / (1 + std::exp(-g.get(0))), 1e-15);
+}

@@ -130,6 +130,15 @@ def minimax_m2():
         num_experts_per_tok=2, rope_parameters={**ROPE, "partial_rotary_factor": 0.5}))
 
 
+def qwen3_5_moe():
+    cfg = dict(COMMON, rope_parameters={**ROPE, "partial_rotary_factor": 0.25})
+    return transformers.Qwen3_5MoeForCausalLM(transformers.Qwen3_5MoeTextConfig(
+        **cfg, num_hidden_layers=2, head_dim=8, linear_num_key_heads=2, linear_key_head_dim=6,
+        linear_num_value_heads=4, linear_value_head_dim=5, moe_intermediate_size=F,
+        shared_expert_intermediate_size=24, num_experts=4, num_experts_per_tok=2,
+        layer_types=["linear_attention", "full_attention"]))
+
+
 def gpt_oss():
     return transformers.GptOssForCausalLM(transformers.GptOssConfig(
         **COMMON, intermediate_size=F, num_hidden_layers=2, head_dim=8, num_local_experts=4,
@@ -139,7 +148,8 @@ def gpt_oss():
 
 
 FAMILIES = {f.__name__: f for f in (qwen3_moe, qwen2_moe, mixtral, olmoe, glm4_moe, deepseek_v3,
-                                     glm4_moe_lite, deepseek_v2, minimax_m2, gpt_oss)}
+                                     glm4_moe_lite, deepseek_v2, minimax_m2, qwen3_5_moe,
+                                     gpt_oss)}
 # Families whose router scales its weights (a doubled score can be made through the config).
 SCALED = {"glm4_moe", "deepseek_v3", "glm4_moe_lite", "deepseek_v2"}
 

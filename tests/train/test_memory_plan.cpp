@@ -48,7 +48,7 @@ std::string case_name(const ::testing::TestParamInfo<Case>& i) {
   }
   std::string preset = c.preset;
   for (char& ch : preset) {
-    if (ch == '-') ch = '_';
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
   }
   return preset + (c.lora ? (c.adapt_experts ? "_lora_" : "_lora_attn_") : "_full_") +
          std::string(dtype_name(c.dtype)) + "_" + remat + "_" + std::to_string(c.batch) + "x" +
@@ -125,7 +125,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"tiny-deepseek-v3", false, DType::f32, "full", 4, 64},
                       Case{"tiny-glm4-moe-lite", true, DType::bf16, "default", 4, 64},
                       Case{"tiny-deepseek-v2", false, DType::bf16, "default", 4, 64},
-                      Case{"tiny-minimax-m2", true, DType::bf16, "default", 4, 64, false}),
+                      Case{"tiny-minimax-m2", true, DType::bf16, "default", 4, 64, false},
+                      Case{"tiny-qwen3.5-moe", true, DType::bf16, "default", 4, 64},
+                      Case{"tiny-qwen3.5-moe", false, DType::f32, "none", 4, 64}),
     case_name);
 
 // A random tiny model saved in `dir` as a bf16 checkpoint (shards of at most

@@ -22,6 +22,7 @@ enum class ModelFamily : uint8_t {
   glm4_moe_lite,  // GLM-4.7-Flash
   deepseek_v2,
   minimax_m2,
+  qwen3_5_moe,  // Qwen3.5-MoE's text model: Gated DeltaNet and gated attention layers
 };
 
 // How attention normalises q and k before RoPE.
@@ -34,6 +35,9 @@ enum class QkNorm : uint8_t {
 enum class AttentionKind : uint8_t {
   gqa,  // grouped-query attention (model/attention_block.h)
   mla,  // multi-head latent attention (model/mla_attention.h)
+  // gqa on the config's "full_attention" layers, Gated DeltaNet's linear
+  // attention (model/gated_deltanet.h) on its "linear_attention" ones (Qwen3.5)
+  hybrid_linear,
 };
 
 enum class RouterRule : uint8_t {
@@ -67,6 +71,12 @@ struct FamilySpec {
   bool qk_norm_switched = false;        // only when config.json's use_qk_norm says so (GLM-4.5)
   bool attention_sinks = false;         // a learned sink logit per head (gpt-oss)
   bool norm_cast_after_weight = false;  // RMSNorm rounds after the weight (gpt-oss)
+  // Every RMSNorm scales by 1 + w, its weight stored zero-centred (Qwen3.5),
+  // but Gated DeltaNet's gated norm.
+  bool zero_centred_norms = false;
+  // q_proj gives each head P gate values after its P query values, and
+  // attention's output is scaled by their sigmoid before o_proj (Qwen3.5).
+  bool attention_output_gate = false;
   RouterRule router = RouterRule::softmax_topk;
   bool always_renormalize = false;   // the top-K weights, whatever norm_topk_prob says (Mixtral)
   bool clamped_experts = false;      // swiglu_alpha/limit's clamped GLU with biases (gpt-oss)

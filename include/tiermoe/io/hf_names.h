@@ -27,6 +27,10 @@ enum class HfRole : uint8_t {
   expert,     // one expert's gate, up or down projection
   dense_mlp,  // the MLP of a non-MoE layer, and a MoE layer's shared expert
   sink,       // gpt-oss's attention sink logits, [H] per layer
+  // Gated DeltaNet's (Qwen3.5's linear_attention layers):
+  conv,        // the causal depthwise conv, conv1d.weight [C, 1, K]
+  decay,       // A_log and dt_bias [Hv]: the state decay's (no weight decay, as Mamba's)
+  gated_norm,  // the output's gated RMSNorm [Dv], by w even where the family's norms are 1 + w
 };
 
 struct HfTensor {

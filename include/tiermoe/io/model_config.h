@@ -127,6 +127,12 @@ struct ModelConfig {
   int64_t q_lora_rank = 0, kv_lora_rank = 0;
   int64_t qk_nope_head_dim = 0, qk_rope_head_dim = 0, v_head_dim = 0;
   bool rope_interleave = false;
+  // Qwen3.5-MoE: layer_types' "linear_attention" layers run Gated DeltaNet
+  // (model/gated_deltanet.h) with these key and value heads and a causal
+  // conv of linear_conv_kernel_dim taps; its "full_attention" layers GQA.
+  int64_t linear_num_key_heads = 0, linear_key_head_dim = 0;
+  int64_t linear_num_value_heads = 0, linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
 
   bool operator==(const ModelConfig&) const = default;
 
@@ -141,6 +147,12 @@ struct ModelConfig {
   bool shared_expert_gated() const { return spec().shared_expert_gated; }
   bool sigmoid_router() const { return spec().sigmoid_router(); }
   bool mla() const { return spec().attention == AttentionKind::mla; }
+  // Whether decoder layer `layer` runs Gated DeltaNet (layer_types' "linear_attention").
+  bool linear_attention(int64_t layer) const;
+  // Its attention module's name: "linear_attn" there, "self_attn" elsewhere.
+  std::string_view attention_module(int64_t layer) const {
+    return linear_attention(layer) ? "linear_attn" : "self_attn";
+  }
   // A query (and key) head's width, and a value head's: head_dim for GQA.
   int64_t qk_head_dim() const { return mla() ? qk_nope_head_dim + qk_rope_head_dim : head_dim; }
   int64_t v_dim() const { return mla() ? v_head_dim : head_dim; }

@@ -5,13 +5,15 @@
 // sequences of T tokens at positions 0..T-1:
 //
 //   q = x Wq^T (+bq)  [B*T, H*P]      k, v = x Wk^T (+bk), x Wv^T (+bv)  [B*T, Hkv*P]
-//   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3), over the whole
-//                                      projection (OLMoE), or none (Mixtral)
+//   q, k = RMSNorm_q(q), RMSNorm_k(k)  per head over P (Qwen3; Qwen3.5's by 1 + w),
+//                                      over the whole projection (OLMoE), or none (Mixtral)
 //   q, k = rope(q), rope(k)            rotate-half, theta = rope_theta, on each head's
 //                                      first rotary_dim() values (GLM-4.5: half)
 //   o    = causal GQA SDPA(q, k, v)    [B, T, H, P], within each packed document
 //                                      (gpt-oss: a learned sink logit per head, and
 //                                      on its sliding layers a window of keys)
+//   o    = o * sigmoid(gate)           Qwen3.5's output gate: q_proj gives each head
+//                                      [q | gate], P values each
 //   y    = o Wo^T (+bo)
 // (biases: all four with attention_bias, q/k/v only with Qwen2-MoE's qkv_bias)
 //
@@ -50,6 +52,8 @@ class AttentionBlock final : public SelfAttention {
   AttentionOptions attention_options(const RopeTables& rope) const;
 
   QkNorm qk_norm_;
+  RmsNormCast norm_cast_;  // the q/k norms' (the family's)
+  bool output_gate_;       // Qwen3.5's sigmoid gate on the output (saved.z holds it)
   DType compute_;  // the projections may be stored narrower (linear.h)
   int64_t H_, Hkv_, P_;
   double eps_;

@@ -17,11 +17,6 @@
 
 namespace tiermoe {
 
-// Where the family's RMSNorm rounds (kernels/rmsnorm.h).
-inline RmsNormCast rmsnorm_cast(const ModelConfig& c) {
-  return c.spec().norm_cast_after_weight ? RmsNormCast::after_weight : RmsNormCast::after_normalize;
-}
-
 struct DecoderLayerSaved {
   Tensor x_TD, rstd_in_T;  // input_layernorm's input and statistics
   AttentionSaved attn;
@@ -47,6 +42,9 @@ class DecoderLayer {
   bool is_moe() const { return moe_ != nullptr; }
   // "model.layers.{i}."
   const std::string& prefix() const { return prefix_; }
+  // The attention's module path: "model.layers.{i}.self_attn" (Gated
+  // DeltaNet's: "...linear_attn").
+  const std::string& attention_name() const { return attention_name_; }
   // The MLP's module path: "model.layers.{i}.mlp" (Mixtral's MoE: "...block_sparse_moe").
   const std::string& mlp_name() const { return mlp_name_; }
 
@@ -83,7 +81,7 @@ class DecoderLayer {
 
  private:
   int64_t layer_;
-  std::string prefix_, mlp_name_;
+  std::string prefix_, attention_name_, mlp_name_;
   double eps_;
   RmsNormCast norm_cast_;
   Weight norm_in_, norm_post_;  // (D)

@@ -51,8 +51,8 @@ class GatedDeltaNet final : public SelfAttention {
                AttentionSaved& saved) const override;
   void backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTables& rope,
                 const AttentionSaved& saved, bool accumulate) override;
-  // transformers' names under the layer's linear_attn: the projections'
-  // weights, conv1d.weight [C, 1, K], dt_bias, A_log, norm.weight.
+  // transformers' names under the layer's linear_attn, in its order:
+  // dt_bias, A_log, conv1d.weight [C, 1, K], norm.weight, the projections'.
   std::vector<std::pair<std::string, Weight*>> weights() override;
   void enable_lora(const LoraConfig& config, const std::string& prefix, Rng& rng) override;
   std::vector<LoraAdapter*> lora_adapters() override;

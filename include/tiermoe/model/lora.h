@@ -36,12 +36,25 @@ namespace tiermoe {
 
 // The linear layers LoRA may adapt, by PEFT module name: the attention
 // projections (DeepSeek-V3's latent attention has its own four besides
-// q_proj and o_proj), the experts' and the dense MLPs'. The router
-// (`mlp.gate`) is never adapted: gate_proj does not match it under PEFT's
-// rules, and "gate" is refused.
-inline constexpr std::string_view kLoraTargetNames[] = {
-    "q_proj",    "k_proj",    "v_proj",  "o_proj",   "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa",
-    "kv_b_proj", "gate_proj", "up_proj", "down_proj"};
+// q_proj and o_proj, Gated DeltaNet its five), the experts' and the dense
+// MLPs'. The router (`mlp.gate`) is never adapted: gate_proj does not
+// match it under PEFT's rules, and "gate" is refused.
+inline constexpr std::string_view kLoraTargetNames[] = {"q_proj",
+                                                        "k_proj",
+                                                        "v_proj",
+                                                        "o_proj",
+                                                        "q_a_proj",
+                                                        "q_b_proj",
+                                                        "kv_a_proj_with_mqa",
+                                                        "kv_b_proj",
+                                                        "in_proj_qkv",
+                                                        "in_proj_z",
+                                                        "in_proj_b",
+                                                        "in_proj_a",
+                                                        "out_proj",
+                                                        "gate_proj",
+                                                        "up_proj",
+                                                        "down_proj"};
 
 struct LoraConfig {
   int64_t rank = 8;  // R
@@ -67,7 +80,8 @@ struct LoraConfig {
 // What `--lora-rank R` adapts when no targets are named: the model's attention
 // projections, q_proj, k_proj, v_proj, o_proj, or under latent attention
 // q_a_proj, q_b_proj (q_proj without a q latent), kv_a_proj_with_mqa,
-// kv_b_proj, o_proj.
+// kv_b_proj, o_proj; with Gated DeltaNet layers (Qwen3.5) q/k/v/o_proj and
+// their in_proj_qkv, in_proj_z and out_proj (not the [Hv]-wide in_proj_b/a).
 std::set<std::string> lora_default_targets(const ModelConfig& config);
 
 // Parses a comma-separated list ("q_proj, v_proj,gate_proj"). Unknown names

@@ -5,7 +5,7 @@
 //     Qwen2-MoE, GLM-4.5, and gpt-oss with its sinks and sliding window;
 //   - multi-head latent attention (mla_attention.h): DeepSeek-V3, Kimi-K2;
 //   - Gated DeltaNet's linear attention (gated_deltanet.h): Qwen3.5-MoE's
-//     linear_attention layers (not yet reachable from a config).
+//     linear_attention layers (its full_attention layers are GQA's).
 // make_self_attention picks the kind from the family's spec (io/family.h),
 // so a new family is its spec file, its presets and at most one new kind here.
 //
@@ -21,11 +21,18 @@
 #include "tiermoe/core/step_times.h"
 #include "tiermoe/core/tensor.h"
 #include "tiermoe/io/model_config.h"
+#include "tiermoe/kernels/rmsnorm.h"
 #include "tiermoe/model/lora.h"
 #include "tiermoe/model/rope_frequencies.h"
 #include "tiermoe/model/weight.h"
 
 namespace tiermoe {
+
+// Where the family's RMSNorm rounds (kernels/rmsnorm.h).
+inline RmsNormCast rmsnorm_cast(const ModelConfig& c) {
+  if (c.spec().zero_centred_norms) return RmsNormCast::unit_offset;
+  return c.spec().norm_cast_after_weight ? RmsNormCast::after_weight : RmsNormCast::after_normalize;
+}
 
 // The batch's token layout as attention reads it: RoPE cos/sin [B*T, Pr]
 // (activation dtype; Pr = ModelConfig::rotary_dim(), the head dim P unless
@@ -53,10 +60,13 @@ struct AttentionSaved {
   Tensor lse_BTH;              // attention log-sum-exp
   Tensor o_TX;                 // attention output [B*T, H*Pv] (o_proj's input)
   std::array<Tensor, 5> u_TR;  // LoRA intermediates, one per adapted projection
-  // Gated DeltaNet (q, k are the l2-normalised ones): the conv's input, the
-  // output gate, in_proj_b's and in_proj_a's outputs, the rule's g and beta,
-  // its output and the gated norm's statistics.
-  Tensor conv_in, z, b_proj, a_proj, g, beta, core, rstd_core;
+  // The output gate's input and what it gates (Gated DeltaNet: the rule's
+  // output; gated GQA: attention's, o_TX being the gated one).
+  Tensor z, core;
+  // Gated DeltaNet (q, k are the l2-normalised ones): the conv's input,
+  // in_proj_b's and in_proj_a's outputs, the rule's g and beta and the gated
+  // norm's statistics.
+  Tensor conv_in, b_proj, a_proj, g, beta, rstd_core;
   void clear() { *this = AttentionSaved(); }
 };
 

@@ -141,6 +141,7 @@ const FamilyDef& deepseek_v3();
 const FamilyDef& glm4_moe_lite();
 const FamilyDef& deepseek_v2();
 const FamilyDef& minimax_m2();
+const FamilyDef& qwen3_5_moe();
 
 const FamilyDef& family_def(ModelFamily family);
 // The family whose model_type or alias is `model_type`; null when none.

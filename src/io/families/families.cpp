@@ -11,10 +11,10 @@ namespace families {
 namespace {
 
 // In ModelFamily order.
-const std::array<const FamilyDef*, 10>& registry() {
-  static const std::array<const FamilyDef*, 10> all = {
-      &qwen3_moe(), &mixtral(),     &olmoe(),         &qwen2_moe(),   &glm4_moe(),
-      &gpt_oss(),   &deepseek_v3(), &glm4_moe_lite(), &deepseek_v2(), &minimax_m2()};
+const std::array<const FamilyDef*, 11>& registry() {
+  static const std::array<const FamilyDef*, 11> all = {
+      &qwen3_moe(),   &mixtral(),       &olmoe(),       &qwen2_moe(),  &glm4_moe(),   &gpt_oss(),
+      &deepseek_v3(), &glm4_moe_lite(), &deepseek_v2(), &minimax_m2(), &qwen3_5_moe()};
   return all;
 }
 

@@ -74,4 +74,37 @@ void swiglu_backward(Tensor& dh_N2F, const Tensor& da_NF, const Tensor& h_N2F, b
   });
 }
 
+void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& g) {
+  check_elementwise(g, "g", x, "x", "sigmoid_gate_forward");
+  check_elementwise(y, "y", x, "x", "sigmoid_gate_forward");
+  visit_dtype(x.dtype(), [&]<class T>() {
+    const T *xp = x.data<T>(), *gp = g.data<T>();
+    T* yp = y.data<T>();
+    parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        yp[i] = store<T>(load(xp[i]) * load(store<T>(sigmoid(load(gp[i])))));
+      }
+    });
+  });
+}
+
+void sigmoid_gate_backward(Tensor& dx, Tensor& dg, const Tensor& dy, const Tensor& x,
+                           const Tensor& g) {
+  check_elementwise(g, "g", x, "x", "sigmoid_gate_backward");
+  check_elementwise(dy, "dy", x, "x", "sigmoid_gate_backward");
+  check_elementwise(dx, "dx", x, "x", "sigmoid_gate_backward");
+  check_elementwise(dg, "dg", x, "x", "sigmoid_gate_backward");
+  visit_dtype(x.dtype(), [&]<class T>() {
+    const T *xp = x.data<T>(), *gp = g.data<T>(), *dyp = dy.data<T>();
+    T *dxp = dx.data<T>(), *dgp = dg.data<T>();
+    parallel_for(x.numel(), kGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const auto s = sigmoid(load(gp[i])), d = load(dyp[i]);
+        dxp[i] = store<T>(d * s);
+        dgp[i] = store<T>(d * load(xp[i]) * s * (decltype(s)(1) - s));
+      }
+    });
+  });
+}
+
 }  // namespace tiermoe::cpu
