@@ -194,6 +194,7 @@ void add_bench_command(CLI::App& app) {
   moe->callback([o] { run_bench_moe_layer(*o); });
   add_bench_expert_kernels(bench);
   add_bench_peak(bench);
+  add_bench_gated_delta(bench);
 }
 
 }  // namespace tiermoe::cli

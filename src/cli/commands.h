@@ -23,6 +23,7 @@ void add_quantize_command(CLI::App& app);
 // bench expert-kernels, under the bench subcommand (bench_kernels.cpp).
 void add_bench_expert_kernels(CLI::App* bench);
 void add_bench_peak(CLI::App* bench);
+void add_bench_gated_delta(CLI::App* bench);  // bench_gated_delta.cpp
 
 // "61.06 GB", "512 B": decimal units, as disk sizes and shard limits are given.
 std::string human_bytes(uint64_t bytes);

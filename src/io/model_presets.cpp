@@ -394,11 +394,14 @@ ModelConfig preset(std::string_view name, std::optional<int64_t> layers) {
     }
   }
   if (c.family == ModelFamily::qwen3_5_moe) {
-    // full_attention_interval's rule: every 4th layer full (tiny: every 2nd).
+    // full_attention_interval's rule, every 4th layer full (tiny: every 2nd),
+    // and the last layer full as at the published depth, so that a cut
+    // (--layers 2) runs both kinds.
     const int64_t interval = name == "tiny-qwen3.5-moe" ? 2 : 4;
     c.layer_types.clear();
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      c.layer_types.push_back((l + 1) % interval != 0 ? "linear_attention" : "full_attention");
+      const bool full = (l + 1) % interval == 0 || l + 1 == c.num_hidden_layers;
+      c.layer_types.push_back(full ? "full_attention" : "linear_attention");
     }
   }
   c.validate(str_of("preset ", name));

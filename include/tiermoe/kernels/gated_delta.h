@@ -27,11 +27,12 @@
 //   dg_t = <S', dS>;  dS = exp(g_t) dS, and zero at a document's first token
 // dq and dk sum over the value heads of each q/k head. ref:: recomputes the
 // states from the inputs one (b, h) at a time, keeping T + 1 of them: the
-// oracle, exact but O(T Dk Dv) memory per head. cpu:: runs the same
-// recurrence, the same operations in the same order (so its results are
-// ref::'s bits, whatever the thread count), one q/k head and its value heads
-// per task, without allocating per step; backward keeps the state every
-// kDeltaCheckpoint tokens and recomputes each span's states from it.
+// oracle, exact but O(T Dk Dv) memory per head. cpu:: computes the same rule
+// in chunks of kDeltaChunk tokens (FLA's chunked form: within a chunk the
+// recurrence is small matrix products, src/kernels/cpu/gated_delta.cpp),
+// never across a document, so it equals ref:: to rounding, and each
+// document's result does not depend on where it sits in a row nor on the
+// thread count; backward keeps each chunk's first state.
 #include <cstdint>
 #include <span>
 
@@ -44,7 +45,7 @@ struct GatedDeltaOptions {
 };
 
 namespace cpu {
-inline constexpr int64_t kDeltaCheckpoint = 64;
+inline constexpr int64_t kDeltaChunk = 64;
 void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt = {});
 void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor& dbeta,
