@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "../gated_delta_check.h"
+#include "matmul_product.h"
 #include "tiermoe/core/parallel.h"
 
 namespace tiermoe::cpu {
@@ -33,40 +34,22 @@ using namespace nn_detail;
 
 namespace {
 
-// Row-major products on contiguous buffers; the innermost loops run along
-// the output's rows so they vectorize.
-// C[m, n] (+)= X[m, k] Y[k, n]
+// Row-major products on contiguous buffers, on the process's GEMM (the one
+// every linear layer runs, kernels/cpu/matmul_product.h). C[m, n] (+)=
+// op(X) op(Y): X is [m, k], or [k, m] read transposed (tx); Y [k, n], or
+// [n, k] (ty).
 template <class A>
-void mm(A* C, const A* X, const A* Y, int64_t m, int64_t k, int64_t n, bool accumulate) {
-  for (int64_t i = 0; i < m; ++i) {
-    A* c = C + i * n;
-    if (!accumulate) std::fill(c, c + n, A(0));
-    for (int64_t p = 0; p < k; ++p) {
-      const A x = X[i * k + p];
-      const A* y = Y + p * n;
-      for (int64_t j = 0; j < n; ++j) c[j] += x * y[j];
-    }
-  }
-}
-// C[m, n] (+)= X^T Y, X [k, m], Y [k, n]
-template <class A>
-void mm_tn(A* C, const A* X, const A* Y, int64_t m, int64_t k, int64_t n, bool accumulate) {
-  if (!accumulate) std::fill(C, C + m * n, A(0));
-  for (int64_t p = 0; p < k; ++p) {
-    const A* y = Y + p * n;
-    for (int64_t i = 0; i < m; ++i) {
-      const A x = X[p * m + i];
-      A* c = C + i * n;
-      for (int64_t j = 0; j < n; ++j) c[j] += x * y[j];
-    }
-  }
-}
-// out[cols, rows] = in[rows, cols]^T
-template <class A>
-void transpose(A* out, const A* in, int64_t rows, int64_t cols) {
-  for (int64_t i = 0; i < rows; ++i) {
-    for (int64_t j = 0; j < cols; ++j) out[j * rows + i] = in[i * cols + j];
-  }
+void gemm(A* C, const A* X, bool tx, const A* Y, bool ty, int64_t m, int64_t k, int64_t n,
+          bool accumulate) {
+  constexpr DType dt = dtype_of<A>;
+  Tensor c = Tensor::from_external(C, {m, n}, dt, nullptr);
+  const Tensor x =
+      Tensor::from_external(const_cast<A*>(X), tx ? Shape{k, m} : Shape{m, k}, dt, nullptr);
+  const Tensor y =
+      Tensor::from_external(const_cast<A*>(Y), ty ? Shape{n, k} : Shape{k, n}, dt, nullptr);
+  product(
+      c, x, y,
+      {.M = m, .N = n, .K = k, .a_transposed = tx, .b_transposed = ty, .accumulate = accumulate});
 }
 template <class A>
 A dot(const A* x, const A* y, int64_t n) {
@@ -89,19 +72,21 @@ std::vector<std::pair<int64_t, int64_t>> documents(const GatedDeltaOptions& opt,
 }
 
 // One value head's chunk: its inputs widened and what forward computes from
-// them before the state enters, then D and the state update.
+// them before the state enters, then D and the state update. The state is
+// held transposed, St [Dv, Dk], so that each product reads it as stored.
 template <class T>
 struct Chunk {
   using A = acc_t<T>;
   const DeltaDims& d;
   int64_t n = 0;  // tokens in this chunk
-  std::vector<A> Q, K, V, Kt, G, gam, e, bet, E, KK, QK, L, U, W, D, P, QG, Ke;
+  // Tm: (I + L)^-1 (unit lower triangular); Yu, Yw: [beta v | beta gam k].
+  std::vector<A> Q, K, V, G, gam, e, bet, E, KK, QK, L, Tm, Yu, Yw, U, W, D, P, QG, Ke;
 
   explicit Chunk(const DeltaDims& dims) : d(dims) {
     const size_t C = size_t(kDeltaChunk), Dk = size_t(d.Dk), Dv = size_t(d.Dv);
-    for (auto* m : {&Q, &K, &Kt, &W, &QG, &Ke}) m->resize(C * Dk);
-    for (auto* m : {&V, &U, &D}) m->resize(C * Dv);
-    for (auto* m : {&E, &KK, &QK, &L, &P}) m->resize(C * C);
+    for (auto* m : {&Q, &K, &W, &Yw, &QG, &Ke}) m->resize(C * Dk);
+    for (auto* m : {&V, &U, &Yu, &D}) m->resize(C * Dv);
+    for (auto* m : {&E, &KK, &QK, &L, &Tm, &P}) m->resize(C * C);
     for (auto* m : {&G, &gam, &e, &bet}) m->resize(C);
   }
 
@@ -120,53 +105,61 @@ struct Chunk {
       for (int64_t j = 0; j < Dv; ++j) V[t * Dv + j] = load(vs[j]);
       cum += g.data<A>()[bt * d.Hv + h];
       G[t] = cum;
-      gam[t] = std::exp(cum);
       bet[t] = beta.data<A>()[bt * d.Hv + h];
     }
-    for (int64_t t = 0; t < n; ++t) e[t] = std::exp(G[n - 1] - G[t]);
-    transpose(Kt.data(), K.data(), n, Dk);
-    mm(KK.data(), K.data(), Kt.data(), n, Dk, n, false);
-    mm(QK.data(), Q.data(), Kt.data(), n, Dk, n, false);
+    for (int64_t t = 0; t < n; ++t) gam[t] = exp_acc(G[t]), e[t] = exp_acc(G[n - 1] - G[t]);
+    gemm(KK.data(), K.data(), false, K.data(), true, n, Dk, n, false);
+    gemm(QK.data(), Q.data(), false, K.data(), true, n, Dk, n, false);
+    std::fill(E.begin(), E.begin() + n * n, A(0));
+    std::fill(L.begin(), L.begin() + n * n, A(0));
+    std::fill(P.begin(), P.begin() + n * n, A(0));
     for (int64_t t = 0; t < n; ++t) {
-      for (int64_t j = 0; j < n; ++j) {
-        const A ej = j <= t ? std::exp(G[t] - G[j]) : A(0);
-        E[t * n + j] = ej;
-        L[t * n + j] = j < t ? bet[t] * ej * KK[t * n + j] : A(0);
-        P[t * n + j] = QK[t * n + j] * ej;
-      }
+      A *Et = E.data() + t * n, *Lt = L.data() + t * n, *Pt = P.data() + t * n;
+      const A *KKt = KK.data() + t * n, *QKt = QK.data() + t * n;
+      // exp of a sum of decays (<= 0): never overflows, as gam_t / gam_j could.
+      for (int64_t j = 0; j <= t; ++j) Et[j] = exp_acc(G[t] - G[j]);
+      for (int64_t j = 0; j < t; ++j) Lt[j] = bet[t] * Et[j] * KKt[j];
+      for (int64_t j = 0; j <= t; ++j) Pt[j] = QKt[j] * Et[j];
     }
-    // [U | W] = (I + L)^-1 [beta v | beta gam k], row by row.
+    // Tm = (I + L)^-1 by forward substitution: row t is e_t - sum over j < t
+    // of L[t][j] Tm[j], and Tm[j] is 0 past column j.
+    std::fill(Tm.begin(), Tm.begin() + n * n, A(0));
     for (int64_t t = 0; t < n; ++t) {
-      A* u = U.data() + t * Dv;
-      A* w = W.data() + t * Dk;
-      for (int64_t j = 0; j < Dv; ++j) u[j] = bet[t] * V[t * Dv + j];
-      for (int64_t i = 0; i < Dk; ++i) w[i] = bet[t] * gam[t] * K[t * Dk + i];
+      A* row = Tm.data() + t * n;
+      row[t] = 1;
       for (int64_t j = 0; j < t; ++j) {
         const A l = L[t * n + j];
-        const A* uj = U.data() + j * Dv;
-        const A* wj = W.data() + j * Dk;
-        for (int64_t c = 0; c < Dv; ++c) u[c] -= l * uj[c];
-        for (int64_t c = 0; c < Dk; ++c) w[c] -= l * wj[c];
+        const A* rj = Tm.data() + j * n;
+        for (int64_t c = 0; c <= j; ++c) row[c] -= l * rj[c];
       }
     }
     for (int64_t t = 0; t < n; ++t) {
+      for (int64_t j = 0; j < Dv; ++j) Yu[t * Dv + j] = bet[t] * V[t * Dv + j];
       for (int64_t i = 0; i < Dk; ++i) {
+        Yw[t * Dk + i] = bet[t] * gam[t] * K[t * Dk + i];
         QG[t * Dk + i] = gam[t] * Q[t * Dk + i];
         Ke[t * Dk + i] = e[t] * K[t * Dk + i];
       }
     }
+    gemm(U.data(), Tm.data(), false, Yu.data(), false, n, n, Dv, false);
+    gemm(W.data(), Tm.data(), false, Yw.data(), false, n, n, Dk, false);
   }
 
-  // D = U - W S0; O = (gam q) S0 + P D; S0 becomes the chunk's last state.
-  void run(A* O, A* S) {
-    const int64_t Dk = d.Dk, Dv = d.Dv;
-    mm(D.data(), W.data(), S, n, Dk, Dv, false);
-    for (int64_t x = 0; x < n * Dv; ++x) D[x] = U[x] - D[x];
-    mm(O, QG.data(), S, n, Dk, Dv, false);
-    mm(O, P.data(), D.data(), n, n, Dv, true);
+  // D = U - W S0, from St (S0 transposed).
+  void delta(const A* St) {
+    gemm(D.data(), W.data(), false, St, true, n, d.Dk, d.Dv, false);
+    for (int64_t x = 0; x < n * d.Dv; ++x) D[x] = U[x] - D[x];
+  }
+  // O = (gam q) S0 + P D, after delta().
+  void output(A* O, const A* St) const {
+    gemm(O, QG.data(), false, St, true, n, d.Dk, d.Dv, false);
+    gemm(O, P.data(), false, D.data(), false, n, n, d.Dv, true);
+  }
+  // St becomes the chunk's last state, after delta(): gam_last St + D^T (e k).
+  void advance(A* St) const {
     const A last = gam[n - 1];
-    for (int64_t x = 0; x < Dk * Dv; ++x) S[x] *= last;
-    mm_tn(S, Ke.data(), D.data(), Dk, n, Dv, true);
+    for (int64_t x = 0; x < d.Dk * d.Dv; ++x) St[x] *= last;
+    gemm(St, D.data(), true, Ke.data(), false, d.Dv, n, d.Dk, true);
   }
 };
 
@@ -190,7 +183,9 @@ void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Te
           for (int64_t t0 = s; t0 < e; t0 += kDeltaChunk) {
             const int64_t n = std::min(kDeltaChunk, e - t0);
             c.prepare(q, k, v, g, beta, b, h, t0, n);
-            c.run(O.data(), S.data());
+            c.delta(S.data());
+            c.output(O.data(), S.data());
+            c.advance(S.data());
             for (int64_t t = 0; t < n; ++t) {
               T* o = out.data<T>() + ((b * d.T + t0 + t) * d.Hv + h) * d.Dv;
               for (int64_t j = 0; j < d.Dv; ++j) o[j] = store<T>(O[size_t(t * d.Dv + j)]);
@@ -205,41 +200,41 @@ void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Te
 namespace {
 
 // One value head's gradients through one chunk (prepared, its D computed
-// from S0), from dO and dS, the gradient of its last state. Adds into dq_acc
-// and dk_acc (the chunk's rows), writes the chunk's dv, dg and dbeta, and
-// leaves dS holding the gradient of S0.
+// from St0), from dO and dSt, the gradient of its last state (both states
+// transposed, [Dv, Dk]). Adds into dq_acc and dk_acc (the chunk's rows),
+// writes the chunk's dv, dg and dbeta, and leaves dSt holding the gradient
+// of St0.
 template <class T>
 struct ChunkGrad {
   using A = acc_t<T>;
   const DeltaDims& d;
-  std::vector<A> dD, nD, dS0, Dt, dP, dQK, dE, S0t, dOS, dQ, dK, dKe, dSt, dU, dW, Ut, Wt, dL, cL,
-      dG, dgam, de;
+  std::vector<A> dD, nD, dSt0, dP, dQK, dE, dOS, dQ, dK, dKe, dXu, dXw, dU, dW, dL, cL, dG, dgam,
+      de;
 
   explicit ChunkGrad(const DeltaDims& dims) : d(dims) {
     const size_t C = size_t(kDeltaChunk), Dk = size_t(d.Dk), Dv = size_t(d.Dv);
-    for (auto* m : {&dD, &nD, &dU, &Dt, &Ut}) m->resize(C * Dv);
-    for (auto* m : {&dOS, &dQ, &dK, &dKe, &dW, &Wt}) m->resize(C * Dk);
-    for (auto* m : {&dS0, &S0t, &dSt}) m->resize(Dk * Dv);
+    for (auto* m : {&dD, &nD, &dXu, &dU}) m->resize(C * Dv);
+    for (auto* m : {&dOS, &dQ, &dK, &dKe, &dXw, &dW}) m->resize(C * Dk);
+    dSt0.resize(Dk * Dv);
     for (auto* m : {&dP, &dQK, &dE, &dL, &cL}) m->resize(C * C);
     for (auto* m : {&dG, &dgam, &de}) m->resize(C);
   }
 
-  void run(const Chunk<T>& c, const A* S0, const A* dO, A* dS, A* dq_acc, A* dk_acc, T* dv, A* dg,
+  void run(const Chunk<T>& c, const A* St0, const A* dO, A* dSt, A* dq_acc, A* dk_acc, T* dv, A* dg,
            A* dbeta) {
     const int64_t n = c.n, Dk = d.Dk, Dv = d.Dv;
     // dD = P^T dO + (e k) dS
-    mm_tn(dD.data(), c.P.data(), dO, n, n, Dv, false);
-    mm(dD.data(), c.Ke.data(), dS, n, Dk, Dv, true);
+    gemm(dD.data(), c.P.data(), true, dO, false, n, n, Dv, false);
+    gemm(dD.data(), c.Ke.data(), false, dSt, true, n, Dk, Dv, true);
     for (int64_t x = 0; x < n * Dv; ++x) nD[x] = -dD[x];
-    // dS0 = (gam q)^T dO + gam_last dS - W^T dD
-    mm_tn(dS0.data(), c.QG.data(), dO, Dk, n, Dv, false);
+    // dSt0 = dO^T (gam q) + gam_last dSt - dD^T W
+    gemm(dSt0.data(), dO, true, c.QG.data(), false, Dv, n, Dk, false);
     const A last = c.gam[n - 1];
     A dgam_last = 0;
-    for (int64_t x = 0; x < Dk * Dv; ++x) dS0[x] += last * dS[x], dgam_last += S0[x] * dS[x];
-    mm_tn(dS0.data(), c.W.data(), nD.data(), Dk, n, Dv, true);
+    for (int64_t x = 0; x < Dk * Dv; ++x) dSt0[x] += last * dSt[x], dgam_last += St0[x] * dSt[x];
+    gemm(dSt0.data(), nD.data(), true, c.W.data(), false, Dv, n, Dk, true);
     // P = (q k^T o E) masked: dP = dO D^T there.
-    transpose(Dt.data(), c.D.data(), n, Dv);
-    mm(dP.data(), dO, Dt.data(), n, Dv, n, false);
+    gemm(dP.data(), dO, false, c.D.data(), true, n, Dv, n, false);
     for (int64_t t = 0; t < n; ++t) {
       for (int64_t j = 0; j < n; ++j) {
         const int64_t x = t * n + j;
@@ -248,43 +243,28 @@ struct ChunkGrad {
       }
     }
     // dq = dQK k + gam (dO S0^T); d gam from the (gam q) S0 term
-    transpose(S0t.data(), S0, Dk, Dv);
-    mm(dOS.data(), dO, S0t.data(), n, Dv, Dk, false);
-    mm(dQ.data(), dQK.data(), c.K.data(), n, n, Dk, false);
+    gemm(dOS.data(), dO, false, St0, false, n, Dv, Dk, false);
+    gemm(dQ.data(), dQK.data(), false, c.K.data(), false, n, n, Dk, false);
     for (int64_t t = 0; t < n; ++t) {
       dgam[t] = dot(dOS.data() + t * Dk, c.Q.data() + t * Dk, Dk);
       for (int64_t i = 0; i < Dk; ++i) dQ[t * Dk + i] += c.gam[t] * dOS[t * Dk + i];
     }
     // dk = dQK^T q + e (D dS^T) + ... (below)
-    mm_tn(dK.data(), dQK.data(), c.Q.data(), n, n, Dk, false);
-    transpose(dSt.data(), dS, Dk, Dv);
-    mm(dKe.data(), c.D.data(), dSt.data(), n, Dv, Dk, false);
+    gemm(dK.data(), dQK.data(), true, c.Q.data(), false, n, n, Dk, false);
+    gemm(dKe.data(), c.D.data(), false, dSt, false, n, Dv, Dk, false);
     for (int64_t t = 0; t < n; ++t) {
       de[t] = dot(dKe.data() + t * Dk, c.K.data() + t * Dk, Dk);
       for (int64_t i = 0; i < Dk; ++i) dK[t * Dk + i] += c.e[t] * dKe[t * Dk + i];
     }
-    // D = U - W S0: dU = dD, dW = -dD S0^T; then through (I + L)^-1 by back
-    // substitution: dY[t] = dX[t] - sum over i > t of L[i][t] dY[i].
-    std::copy(dD.begin(), dD.begin() + n * Dv, dU.begin());
-    mm(dW.data(), nD.data(), S0t.data(), n, Dv, Dk, false);
-    for (int64_t t = n - 1; t >= 0; --t) {
-      A* du = dU.data() + t * Dv;
-      A* dw = dW.data() + t * Dk;
-      for (int64_t i = t + 1; i < n; ++i) {
-        const A l = c.L[i * n + t];
-        const A* dui = dU.data() + i * Dv;
-        const A* dwi = dW.data() + i * Dk;
-        for (int64_t j = 0; j < Dv; ++j) du[j] -= l * dui[j];
-        for (int64_t j = 0; j < Dk; ++j) dw[j] -= l * dwi[j];
-      }
-    }
-    // dL = -(dY [U | W]^T), strictly lower.
-    transpose(Ut.data(), c.U.data(), n, Dv);
-    transpose(Wt.data(), c.W.data(), n, Dk);
-    mm(dL.data(), dU.data(), Ut.data(), n, Dv, n, false);
-    mm(dL.data(), dW.data(), Wt.data(), n, Dk, n, true);
+    // D = U - W S0: dU = dD, dW = -dD S0^T; then [U | W] = Tm Y: dY = Tm^T dX.
+    gemm(dXw.data(), nD.data(), false, St0, false, n, Dv, Dk, false);
+    gemm(dU.data(), c.Tm.data(), true, dD.data(), false, n, n, Dv, false);
+    gemm(dW.data(), c.Tm.data(), true, dXw.data(), false, n, n, Dk, false);
+    // dL = -(dY [U | W]^T), strictly lower (Tm = (I + L)^-1).
+    gemm(dL.data(), dU.data(), false, c.U.data(), true, n, Dv, n, false);
+    gemm(dL.data(), dW.data(), false, c.W.data(), true, n, Dk, n, true);
     for (int64_t t = 0; t < n; ++t) {
-      // [beta v | beta gam k]
+      // Y = [beta v | beta gam k]
       const A* dut = dU.data() + t * Dv;
       const A* dwt = dW.data() + t * Dk;
       const A dwk = dot(dwt, c.K.data() + t * Dk, Dk);
@@ -303,8 +283,8 @@ struct ChunkGrad {
       }
       dbeta[t] = db;
     }
-    mm(dK.data(), cL.data(), c.K.data(), n, n, Dk, true);
-    mm_tn(dK.data(), cL.data(), c.K.data(), n, n, Dk, true);
+    gemm(dK.data(), cL.data(), false, c.K.data(), false, n, n, Dk, true);
+    gemm(dK.data(), cL.data(), true, c.K.data(), false, n, n, Dk, true);
     // Back to G (E, gam and e are exps of its differences), then to g.
     std::fill(dG.begin(), dG.begin() + n, A(0));
     for (int64_t t = 0; t < n; ++t) {
@@ -320,7 +300,7 @@ struct ChunkGrad {
     A suffix = 0;
     for (int64_t t = n - 1; t >= 0; --t) suffix += dG[t], dg[t] = suffix;
     for (int64_t x = 0; x < n * Dk; ++x) dq_acc[x] += dQ[x], dk_acc[x] += dK[x];
-    std::copy(dS0.begin(), dS0.end(), dS);
+    std::copy(dSt0.begin(), dSt0.end(), dSt);
   }
 };
 
@@ -339,11 +319,10 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
     parallel_for(d.B * d.Hk, 1, [&](int64_t begin, int64_t end) {
       Chunk<T> c(d);
       ChunkGrad<T> cg(d);
-      std::vector<A> S(static_cast<size_t>(SS)), O(static_cast<size_t>(kDeltaChunk * Dv)),
-          dO(static_cast<size_t>(kDeltaChunk * Dv));
+      std::vector<A> S(static_cast<size_t>(SS)), dO(static_cast<size_t>(kDeltaChunk * Dv));
       std::vector<A> dS(static_cast<size_t>(SS)), dq_acc(static_cast<size_t>(d.T * Dk)),
           dk_acc(static_cast<size_t>(d.T * Dk));
-      std::vector<A> states;  // each chunk's S0, in order
+      std::vector<A> states, deltas;  // each chunk's S0 and D, in order
       std::vector<A> dg_rows(static_cast<size_t>(kDeltaChunk)),
           db_rows(static_cast<size_t>(kDeltaChunk));
       std::vector<T> dv_out(static_cast<size_t>(kDeltaChunk * Dv));
@@ -353,18 +332,25 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
         std::fill(dq_acc.begin(), dq_acc.end(), A(0));
         std::fill(dk_acc.begin(), dk_acc.end(), A(0));
         for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h) {
-          // Forward once more, keeping the state each chunk starts from.
-          std::vector<int64_t> starts;  // each chunk's first token
+          // Forward once more without the output, keeping the state each
+          // chunk starts from and its D.
+          std::vector<int64_t> starts, delta_at;  // each chunk's first token, its D's offset
           states.clear();
+          deltas.clear();
           for (const auto& [s, e] : docs) {
             std::fill(S.begin(), S.end(), A(0));
             for (int64_t t0 = s; t0 < e; t0 += kDeltaChunk) {
+              const int64_t n = std::min(kDeltaChunk, e - t0);
               starts.push_back(t0);
+              delta_at.push_back(int64_t(deltas.size()));
               states.insert(states.end(), S.begin(), S.end());
-              c.prepare(q, k, v, g, beta, b, h, t0, std::min(kDeltaChunk, e - t0));
-              c.run(O.data(), S.data());
+              c.prepare(q, k, v, g, beta, b, h, t0, n);
+              c.delta(S.data());
+              deltas.insert(deltas.end(), c.D.begin(), c.D.begin() + n * Dv);
+              c.advance(S.data());
             }
           }
+
           // In reverse, dS restarting from zero at each document's end.
           int64_t doc = int64_t(docs.size()) - 1;
           std::fill(dS.begin(), dS.end(), A(0));
@@ -372,8 +358,7 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
             const int64_t t0 = starts[size_t(ci)];
             const int64_t e = docs[size_t(doc)].second, n = std::min(kDeltaChunk, e - t0);
             c.prepare(q, k, v, g, beta, b, h, t0, n);
-            std::copy(states.begin() + ci * SS, states.begin() + (ci + 1) * SS, S.begin());
-            c.run(O.data(), S.data());  // D from S0 (S is then the chunk's last state)
+            std::copy_n(deltas.begin() + delta_at[size_t(ci)], n * Dv, c.D.begin());
             for (int64_t t = 0; t < n; ++t) {
               const T* src = dout.data<T>() + ((b * d.T + t0 + t) * d.Hv + h) * Dv;
               for (int64_t j = 0; j < Dv; ++j) dO[size_t(t * Dv + j)] = load(src[j]);
