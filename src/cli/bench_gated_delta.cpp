@@ -7,6 +7,7 @@
 // 13 Dk Dv backward. --json prints one object on the last line.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <iostream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -58,7 +59,17 @@ void run_bench_gated_delta(const BenchGatedDeltaOptions& o) {
   const double unit = 1.0 / double(Dk);
   const Tensor q = tensor({B, T, Hk, Dk}, dt, -unit, unit), k = tensor({B, T, Hk, Dk}, dt, -1, 1);
   const Tensor v = tensor({B, T, Hv, Dv}, dt, -1, 1), dout = tensor({B, T, Hv, Dv}, dt, -1, 1);
-  const Tensor g = tensor({B, T, Hv}, sd, -0.5, -0.01), beta = tensor({B, T, Hv}, sd, 0.1, 0.9);
+  // g as Qwen3.5's initialisation makes it, -exp(A_log) softplus(a + dt_bias)
+  // with exp(A_log) ~ U(0.01, 16) a head and dt_bias 1: some heads forget
+  // within a few tokens (their decays underflow), others keep their state.
+  Tensor g = Tensor::empty({B, T, Hv}, sd);
+  std::vector<double> rate(static_cast<size_t>(Hv));
+  for (double& r : rate) r = 0.01 + 15.99 * rng.uniform();
+  for (int64_t i = 0; i < g.numel(); ++i) {
+    const double a = 1.0 + 4.0 * (rng.uniform() - 0.5);
+    g.set(i, -rate[size_t(i % Hv)] * std::log1p(std::exp(a)));
+  }
+  const Tensor beta = tensor({B, T, Hv}, sd, 0.1, 0.9);
   Tensor out = Tensor::empty(v.shape(), dt), dq = Tensor::empty(q.shape(), dt);
   Tensor dk = Tensor::empty(k.shape(), dt), dv = Tensor::empty(v.shape(), dt);
   Tensor dg = Tensor::empty(g.shape(), sd), dbeta = Tensor::empty(beta.shape(), sd);
