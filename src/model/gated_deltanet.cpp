@@ -131,7 +131,7 @@ void GatedDeltaNet::forward(Tensor& y_TD, const Tensor& x_TD, const RopeTables& 
 
   part.emplace(times_, StepPart::norms);
   Tensor qkv = Tensor::empty({B, T, C}, dt);
-  ref::causal_conv_silu_forward(qkv, saved.conv_in.view({B, T, C}),
+  cpu::causal_conv_silu_forward(qkv, saved.conv_in.view({B, T, C}),
                                 conv_.value.view({C, dims_.conv_kernel}), rope.doc_start_BT);
   // q and k before their l2 norms are kept for its backward.
   saved.q_raw = Tensor::empty({B, T, Hk, Dk}, dt);
@@ -216,7 +216,7 @@ void GatedDeltaNet::backward(Tensor& dx_TD, const Tensor& dy_TD, const RopeTable
   Tensor dconv_in_BTC = dconv_in.view({B, T, C});
   Tensor dw = conv_.grad_sink();
   Tensor dw_CK = dw.defined() ? dw.view({C, dims_.conv_kernel}) : Tensor();
-  ref::causal_conv_silu_backward(dconv_in_BTC, dw_CK, dqkv, saved.conv_in.view({B, T, C}), w_CK,
+  cpu::causal_conv_silu_backward(dconv_in_BTC, dw_CK, dqkv, saved.conv_in.view({B, T, C}), w_CK,
                                  rope.doc_start_BT);
 
   part.emplace(times_, StepPart::projections);

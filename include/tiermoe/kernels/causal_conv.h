@@ -14,17 +14,31 @@
 //   dpre = dy silu'(pre);  dx[t'] = sum_j w[c, j] dpre[t' + K - 1 - j];
 //   dw[c, j] += sum_t dpre[t] x[t - K + 1 + j]
 // dw_CK is f32 (f64 in f64 runs), as every weight gradient.
+//
+// ref:: and cpu:: twins: cpu:: runs ref::'s operations in ref::'s order for
+// every element (bitwise ref::, whatever the thread count), a block of
+// channels per task, each token's row of channels in one vectorized pass.
 #include <cstdint>
 #include <span>
 
 #include "tiermoe/core/tensor.h"
 
-namespace tiermoe::ref {
+namespace tiermoe {
 
-void causal_conv_silu_forward(Tensor& y, const Tensor& x, const Tensor& w_CK,
-                              std::span<const int32_t> doc_start_BT = {});
-// dx written; dw_CK += (may be undefined: a frozen weight).
-void causal_conv_silu_backward(Tensor& dx, Tensor& dw_CK, const Tensor& dy, const Tensor& x,
-                               const Tensor& w_CK, std::span<const int32_t> doc_start_BT = {});
+#define TIERMOE_CAUSAL_CONV_DECLS                                                              \
+  void causal_conv_silu_forward(Tensor& y, const Tensor& x, const Tensor& w_CK,                \
+                                std::span<const int32_t> doc_start_BT = {});                   \
+  /* dx written; dw_CK += (may be undefined: a frozen weight). */                              \
+  void causal_conv_silu_backward(Tensor& dx, Tensor& dw_CK, const Tensor& dy, const Tensor& x, \
+                                 const Tensor& w_CK, std::span<const int32_t> doc_start_BT = {});
 
-}  // namespace tiermoe::ref
+namespace ref {
+TIERMOE_CAUSAL_CONV_DECLS
+}
+namespace cpu {
+TIERMOE_CAUSAL_CONV_DECLS
+}
+
+#undef TIERMOE_CAUSAL_CONV_DECLS
+
+}  // namespace tiermoe
