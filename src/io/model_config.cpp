@@ -245,7 +245,22 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
     case QkNorm::per_head: attention = add({attention, mul({2, P})}); break;
     case QkNorm::whole: attention = add({attention, mul({H, P}), mul({Hkv, P})}); break;
   }
-  const int64_t per_layer = add({attention, mul({2, D})});  // plus input and post-attention norms
+  // Qwen3.5's output gate: q_proj gives a gate beside each query.
+  if (c.spec().attention_output_gate) attention = add({attention, mul({D, H, P})});
+  // Gated DeltaNet's layers (layer_types' linear_attention): in_proj_qkv, z,
+  // b and a, out_proj, the conv, A_log and dt_bias, the gated norm.
+  int64_t linear_layers = 0, linear = 0;
+  if (c.spec().attention == AttentionKind::hybrid_linear) {
+    linear_layers = std::count(c.layer_types.begin(), c.layer_types.end(), "linear_attention");
+    const int64_t Hv = c.linear_num_value_heads, Vw = mul({Hv, c.linear_value_head_dim});
+    const int64_t Cw = add({mul({2, c.linear_num_key_heads, c.linear_key_head_dim}), Vw});
+    linear = add({mul({D, Cw}), mul({D, Vw}), mul({2, D, Hv}), mul({Vw, D}),
+                  mul({Cw, c.linear_conv_kernel_dim}), mul({2, Hv}), c.linear_value_head_dim});
+  }
+  // Each layer's attention, plus its input and post-attention norms.
+  const int64_t attention_params =
+      add({mul({c.num_hidden_layers - linear_layers, attention}), mul({linear_layers, linear}),
+           mul({c.num_hidden_layers, 2, D})});
   const int64_t moe_layers = c.num_moe_layers();
   const int64_t dense_layers = c.num_hidden_layers - moe_layers;
 
@@ -260,10 +275,9 @@ ParamCounts param_counts(const ModelConfig& c, const std::string& where) {
       c.spec().router == RouterRule::sigmoid_grouped || c.spec().router == RouterRule::topk_softmax
           ? E
           : 0;
-  n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding,
-                 mul({c.num_hidden_layers, per_layer}), mul({moe_layers, E, D}) /* routers */,
-                 n.experts, mul({moe_layers, shared}), mul({moe_layers, router_bias}),
-                 mul({dense_layers, 3, D, c.intermediate_size})});
+  n.total = add({n.embedding, D, c.tie_word_embeddings ? 0 : n.embedding, attention_params,
+                 mul({moe_layers, E, D}) /* routers */, n.experts, mul({moe_layers, shared}),
+                 mul({moe_layers, router_bias}), mul({dense_layers, 3, D, c.intermediate_size})});
   n.active_per_token = n.total - mul({moe_layers, std::max<int64_t>(E - K, 0), n.per_expert});
   return n;
 }

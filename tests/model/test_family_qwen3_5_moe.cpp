@@ -48,5 +48,59 @@ TEST_F(FamilyDir, Qwen3_5MoeAdapterGivesPeftsLossAndExportsAsIs) {
   expect_peft_loss_and_export("qwen3_5_moe", dir_);
 }
 
+// layer_types absent: full_attention_interval's rule (every 4th layer by
+// default); a wrong count, kind or width is refused, naming the field.
+TEST(FamilyQwen3_5Moe, ConfigFieldsReadStrictly) {
+  auto parse = [](const std::string& extra) {
+    return parse_model_config(R"({"model_type": "qwen3_5_moe_text")" + extra + "}", "config.json");
+  };
+  const ModelConfig bare = parse(R"(, "num_hidden_layers": 8)");
+  EXPECT_EQ(bare.layer_types,
+            (std::vector<std::string>{"linear_attention", "linear_attention", "linear_attention",
+                                      "full_attention", "linear_attention", "linear_attention",
+                                      "linear_attention", "full_attention"}));
+  EXPECT_TRUE(bare.linear_attention(0));
+  EXPECT_FALSE(bare.linear_attention(3));
+  EXPECT_EQ(bare.attention_module(0), "linear_attn");
+  EXPECT_EQ(bare.attention_module(3), "self_attn");
+  EXPECT_EQ(bare.rotary_dim(), 64);  // a quarter of head_dim 256
+  EXPECT_EQ(parse(R"(, "num_hidden_layers": 4, "full_attention_interval": 2)").layer_types,
+            (std::vector<std::string>{"linear_attention", "full_attention", "linear_attention",
+                                      "full_attention"}));
+  const std::pair<const char*, std::vector<std::string>> refused[] = {
+      {R"(, "num_hidden_layers": 3, "layer_types": ["full_attention"])",
+       {"layer_types", "1 layers of 3"}},
+      {R"(, "num_hidden_layers": 1, "layer_types": ["sliding_attention"])",
+       {"layer_types", "sliding_attention", "at layer 0"}},
+      {R"(, "full_attention_interval": 0)", {"full_attention_interval"}},
+      {R"(, "linear_num_value_heads": 24)", {"linear_num_value_heads", "multiple"}},
+      {R"(, "linear_conv_kernel_dim": 0)", {"linear_conv_kernel_dim"}}};
+  for (const auto& [extra, words] : refused) {
+    EXPECT_TRUE(testing::throws_error_with([&] { parse(extra); }, words)) << extra;
+  }
+}
+
+// The published shapes: Qwen3.5-35B-A3B's text model, about 34.7B
+// parameters (35B with its vision tower and MTP layer) of which about 3B are
+// active a token without the input embedding; a cut to 2 layers runs both kinds; the tiny preset
+// reads back as itself.
+TEST(FamilyQwen3_5Moe, PresetsAreThePublishedShapes) {
+  const ModelConfig full = preset("qwen3.5-35b-a3b");
+  EXPECT_EQ(full.family, ModelFamily::qwen3_5_moe);
+  const ParamCounts n = param_counts(full);
+  EXPECT_NEAR(double(n.total) / 1e9, 34.7, 0.1);
+  EXPECT_NEAR(double(n.active_per_token - n.embedding) / 1e9, 3.0, 0.1);
+  // The count is the checkpoint's: every tensor init writes.
+  int64_t written = 0;
+  for (const HfTensor& t : hf_tensors(full)) written += shape_numel(t.shape);
+  EXPECT_EQ(n.total, written);
+  EXPECT_EQ(preset("qwen3.5-35b-a3b", 2).layer_types,
+            (std::vector<std::string>{"linear_attention", "full_attention"}));
+  for (const char* name : {"qwen3.5-35b-a3b", "tiny-qwen3.5-moe"}) {
+    const ModelConfig c = preset(name);
+    EXPECT_EQ(parse_model_config(c.to_json(), "written").to_json(), c.to_json()) << name;
+  }
+}
+
 }  // namespace
 }  // namespace tiermoe
