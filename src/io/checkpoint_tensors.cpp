@@ -1,5 +1,6 @@
 // Sharded checkpoints as huggingface_hub writes them: model.safetensors, or
 // model-0000i-of-0000n.safetensors plus model.safetensors.index.json.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <set>
@@ -89,6 +90,7 @@ CheckpointTensors CheckpointTensors::open(const std::string& dir) {
     // A lone .safetensors file is a one-file checkpoint.
     ckpt.files_.push_back(SafetensorsFile::open(dir));
     for (const auto& e : ckpt.files_[0].entries()) ckpt.shard_of_[e.name] = 0;
+    ckpt.read_language_model();
     return ckpt;
   }
   TIERMOE_CHECK(fs::is_directory(dir, ec), "checkpoint directory does not exist", dir,
@@ -105,6 +107,7 @@ CheckpointTensors CheckpointTensors::open(const std::string& dir) {
                   dir, "pass a Hugging Face checkpoint directory, or a .safetensors file");
     ckpt.files_.push_back(SafetensorsFile::open(single_path.string()));
     for (const auto& e : ckpt.files_[0].entries()) ckpt.shard_of_[e.name] = 0;
+    ckpt.read_language_model();
     return ckpt;
   }
 
@@ -146,7 +149,27 @@ CheckpointTensors CheckpointTensors::open(const std::string& dir) {
                       detail::printable(shard) + "\" but is missing from it",
                   where, "the index does not match the shards; re-export the checkpoint");
   }
+  ckpt.read_language_model();
   return ckpt;
+}
+
+void CheckpointTensors::read_language_model() {
+  static const std::string kStored = "model.language_model.", kAs = "model.";
+  const bool wrapped = std::any_of(shard_of_.begin(), shard_of_.end(),
+                                   [](const auto& kv) { return kv.first.starts_with(kStored); });
+  if (!wrapped) return;
+  std::map<std::string, size_t> renamed;
+  for (size_t i = 0; i < files_.size(); ++i) {
+    files_[i].read_prefix_as(kStored, kAs);
+    for (const SafetensorsEntry& e : files_[i].entries()) {
+      TIERMOE_CHECK(renamed.emplace(e.name, i).second,
+                    "tensor " + quoted(e.name) +
+                        " is in two shards once model.language_model. "
+                        "is read as model.",
+                    dir_, "a checkpoint holds a model under one of the two names, not both");
+    }
+  }
+  shard_of_ = std::move(renamed);
 }
 
 std::vector<std::string> CheckpointTensors::names() const {

@@ -172,6 +172,12 @@ std::string hf_module_of(const std::string& weight) {
 
 bool is_ignored_checkpoint_tensor(const ModelConfig& c, const std::string& name) {
   if (name.ends_with("rotary_emb.inv_freq")) return true;
+  // A multimodal release's vision tower, and Qwen3.5's multi-token-prediction
+  // module (transformers' text model skips both).
+  if (!c.spec().multimodal_model_type.empty() &&
+      (name.starts_with("model.visual.") || name.starts_with("mtp."))) {
+    return true;
+  }
   if (c.num_nextn_predict_layers <= 0 || !name.starts_with("model.layers.")) return false;
   int64_t layer = 0;
   const char* first = name.data() + 13;

@@ -32,12 +32,25 @@ ModelConfig parse_model_config(std::string_view json_text, const std::string& pa
   TIERMOE_CHECK(type.has_value(), "config.json has no model_type", path,
                 str_of("add \"model_type\": one of ", supported_model_types()));
   const families::FamilyDef* family = families::find_family(*type);
+  // A multimodal release (Qwen3.5's qwen3_5_moe) is read as its text model,
+  // as transformers' AutoModelForCausalLM reads it.
+  const Json* fields = &j;
+  if (!family) {
+    family = families::find_multimodal_family(*type);
+    if (family) {
+      fields = f.object("text_config");
+      TIERMOE_CHECK(fields, str_of("config.json of model_type '", *type, "' has no text_config"),
+                    path,
+                    str_of("a ", *type, " config holds its text model's fields under text_config"));
+      type = std::string(family->spec.model_type);
+    }
+  }
   TIERMOE_CHECK(family, str_of("unsupported model_type '", *type, "'"), path,
                 str_of("TierMoE supports model_type ", supported_model_types()));
   ModelConfig c;
   c.model_type = *type;
   c.family = family->spec.family;
-  families::read_config(*family, j, path, c);
+  families::read_config(*family, *fields, path, c);
   if (const Json* q = f.object("quantization_config")) parse_quantization_config(*q, path, c);
   c.validate(path);
   return c;

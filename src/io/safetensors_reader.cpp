@@ -7,6 +7,7 @@
 #include <bit>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "safetensors_common.h"
 #include "tiermoe/core/files.h"
@@ -250,6 +251,20 @@ SafetensorsFile SafetensorsFile::open(const std::string& path) {
 }
 
 bool SafetensorsFile::contains(const std::string& name) const { return index_.count(name) > 0; }
+
+void SafetensorsFile::read_prefix_as(const std::string& stored, const std::string& as) {
+  for (SafetensorsEntry& e : entries_) {
+    if (!e.name.starts_with(stored)) continue;
+    std::string renamed = as + e.name.substr(stored.size());
+    TIERMOE_CHECK(!index_.count(renamed),
+                  "tensor " + quoted(std::as_const(e.name)) + " would be read as " +
+                      quoted(std::as_const(renamed)) + ", which the file also holds",
+                  path_, "a checkpoint holds a model under one of the two names, not both");
+    index_.erase(e.name);
+    index_[renamed] = size_t(&e - entries_.data());
+    e.name = std::move(renamed);
+  }
+}
 
 const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
   auto it = index_.find(name);

@@ -44,6 +44,32 @@ TEST_F(FamilyDir, TheCheckFailsWithoutEachQwen3_5MoePiece) {
             1e3);
 }
 
+// The release as shipped: the multimodal checkpoint (config under
+// text_config, the text model under model.language_model., a vision tower
+// and an mtp. tensor beside it) reads as its text model, which is the text
+// fixture weight for weight: the same loss and gradients as transformers'.
+TEST(FamilyQwen3_5Moe, TheMultimodalReleaseReadsAsItsTextModel) {
+  testing::SingleThread one_thread;
+  const std::string text = testing::kFamilies + "qwen3_5_moe";
+  const std::string release = testing::kFamilies + "qwen3_5_moe_multimodal";
+  const ModelConfig c = load_model_config(release);
+  EXPECT_EQ(c.family, ModelFamily::qwen3_5_moe);
+  EXPECT_EQ(c.model_type, "qwen3_5_moe_text");
+  EXPECT_EQ(c.layer_types, load_model_config(text).layer_types);
+  const nlohmann::json expected = testing::expected_of(text);
+  CausalLM model = CausalLM::from_checkpoint(release, DType::f64);
+  const double loss =
+      testing::forward(model, expected, testing::batch_of(text, expected, "eval"), true);
+  model.backward();
+  const double want = expected.at("eval").at("loss");
+  EXPECT_NEAR(loss, want, testing::kRtol * want);
+  testing::expect_grads_match(model.params(), text + "/grads_eval.safetensors", testing::kRtol,
+                              "multimodal release");
+  EXPECT_TRUE(testing::throws_error_with(
+      [] { parse_model_config(R"({"model_type": "qwen3_5_moe"})", "config.json"); },
+      {"qwen3_5_moe", "text_config"}));
+}
+
 TEST_F(FamilyDir, Qwen3_5MoeAdapterGivesPeftsLossAndExportsAsIs) {
   expect_peft_loss_and_export("qwen3_5_moe", dir_);
 }

@@ -64,6 +64,10 @@ struct FamilySpec {
   std::vector<std::string_view> aliases;  // other model_types of the same architecture
   std::string_view architecture;          // "Qwen3MoeForCausalLM"
   std::string_view transformers_version;  // the first release with every field written
+  // The model_type of the family's multimodal releases, read as their text
+  // model: its config under text_config, its weights under
+  // model.language_model. (Qwen3.5's qwen3_5_moe); empty for none.
+  std::string_view multimodal_model_type;
 
   // What the model computes.
   AttentionKind attention = AttentionKind::gqa;

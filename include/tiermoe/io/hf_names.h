@@ -57,7 +57,9 @@ std::string hf_module_of(const std::string& weight);
 
 // Whether the loader skips a stored tensor: recomputed buffers
 // (rotary_emb.inv_freq) and the multi-token-prediction layers past the last
-// decoder layer (num_nextn_predict_layers), which transformers skips too.
+// decoder layer (num_nextn_predict_layers), a multimodal release's vision
+// tower (model.visual.) and Qwen3.5's mtp. module, which transformers' text
+// model skips too.
 bool is_ignored_checkpoint_tensor(const ModelConfig& config, const std::string& name);
 
 // Every tensor of the checkpoint, in module order (embedding, layer 0 ..

@@ -53,6 +53,11 @@ class SafetensorsFile {
   // as long as any holder of it lives.
   std::shared_ptr<const void> mapping() const { return map_; }
 
+  // Names the tensors stored under `stored` as under `as` from now on
+  // ("model.language_model.x" read as "model.x"); an Error when a renamed
+  // tensor would meet a tensor of that name.
+  void read_prefix_as(const std::string& stored, const std::string& as);
+
   // Returns the pages wholly inside tensor `name`'s bytes to the kernel
   // (madvise DONTNEED) once a reader has copied them: the process's resident
   // set stops counting them, and a later read gets the file's bytes again.
@@ -122,6 +127,11 @@ class CheckpointTensors {
   const std::vector<SafetensorsFile>& files() const { return files_; }
 
  private:
+  // A multimodal checkpoint (Qwen3.5's) holds its language model under
+  // model.language_model.: read it as model., as transformers' text model
+  // does (AutoModelForCausalLM on it); the vision tower keeps its names.
+  void read_language_model();
+
   std::string dir_;
   std::vector<SafetensorsFile> files_;
   std::map<std::string, size_t> shard_of_;  // name -> index in files_

@@ -146,6 +146,8 @@ const FamilyDef& qwen3_5_moe();
 const FamilyDef& family_def(ModelFamily family);
 // The family whose model_type or alias is `model_type`; null when none.
 const FamilyDef* find_family(std::string_view model_type);
+// The family whose multimodal releases have `model_type`; null when none.
+const FamilyDef* find_multimodal_family(std::string_view model_type);
 
 // Reads `j` (config.json) into `c` by its family's table; writes `c` into `j`.
 void read_config(const FamilyDef& family, const Json& j, const std::string& path, ModelConfig& c);

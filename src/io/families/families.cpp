@@ -26,6 +26,15 @@ const FamilyDef& family_def(ModelFamily family) {
   return def;
 }
 
+const FamilyDef* find_multimodal_family(std::string_view model_type) {
+  for (const FamilyDef* def : registry()) {
+    if (!def->spec.multimodal_model_type.empty() && def->spec.multimodal_model_type == model_type) {
+      return def;
+    }
+  }
+  return nullptr;
+}
+
 const FamilyDef* find_family(std::string_view model_type) {
   for (const FamilyDef* def : registry()) {
     if (def->spec.model_type == model_type) return def;

@@ -87,6 +87,7 @@ const FamilyDef& qwen3_5_moe() {
                .model_type = "qwen3_5_moe_text",
                .architecture = "Qwen3_5MoeForCausalLM",
                .transformers_version = "5.25.0",  // the release it was checked against
+               .multimodal_model_type = "qwen3_5_moe",
                .attention = AttentionKind::hybrid_linear,
                .qk_norm = QkNorm::per_head,
                .zero_centred_norms = true,
