@@ -28,6 +28,23 @@ inline ConvDims check_conv(const Tensor& x, const Tensor& w_CK,
   return d;
 }
 
+// Backward's checks: check_conv's, and each gradient shaped as its input
+// (dw_CK may be undefined: a frozen weight).
+inline ConvDims check_conv_backward(const Tensor& dx, const Tensor& dw_CK, const Tensor& dy,
+                                    const Tensor& x, const Tensor& w_CK,
+                                    std::span<const int32_t> doc_start_BT) {
+  const char* op = "causal_conv_silu_backward";
+  const ConvDims d = check_conv(x, w_CK, doc_start_BT, op);
+  check_elementwise(dy, "dy", x, "x", op);
+  check_elementwise(dx, "dx", x, "x", op);
+  if (dw_CK.defined()) {
+    check_shape_is(dw_CK, w_CK.shape(), "dw_CK", op);
+    check_dtype_is(dw_CK, acc_dtype(x.dtype()), "dw_CK", op,
+                   "weight gradients are f32 (f64 in f64 runs)");
+  }
+  return d;
+}
+
 // The first token x[b, t] may read: its document's (or row's) first.
 inline int64_t first_readable(std::span<const int32_t> doc_start_BT, int64_t b, int64_t t,
                               int64_t T) {

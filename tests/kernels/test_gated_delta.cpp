@@ -37,6 +37,17 @@ Inputs random_inputs(int64_t B, int64_t T, int64_t Hk, int64_t Hv, int64_t Dk, i
   return in;
 }
 
+// Tokens [from, from + len) of a one-row [1, T, ...] tensor.
+Tensor tokens_of(const Tensor& x, int64_t from, int64_t len) {
+  Shape shape = x.shape();
+  const size_t per_token = x.nbytes() / size_t(shape[1]);
+  shape[1] = len;
+  Tensor y = Tensor::empty(shape, x.dtype());
+  std::memcpy(y.raw(), static_cast<const char*>(x.raw()) + size_t(from) * per_token,
+              size_t(len) * per_token);
+  return y;
+}
+
 Tensor run_forward(const Inputs& in, const GatedDeltaOptions& opt = {}) {
   Tensor out = Tensor::empty(in.v.shape(), in.v.dtype());
   ref::gated_delta_forward(out, in.q, in.k, in.v, in.g, in.beta, opt);
@@ -131,16 +142,7 @@ TEST(GatedDelta, PackedDocumentsEqualEachAlone) {
     const std::vector<int32_t> starts = {0, 0, 0, 3, 3, 3, 3, 3};
     const Tensor packed = run_forward(in, {starts});
     for (const auto& [from, len] : {std::pair<int64_t, int64_t>{0, 3}, {3, 5}}) {
-      // Tokens [from, from + len) of row 0: every tensor is [1, T, ...].
-      auto cut = [&](const Tensor& x) {
-        Shape shape = x.shape();
-        shape[1] = len;
-        Tensor y = Tensor::empty(shape, x.dtype());
-        const size_t per_token = x.nbytes() / size_t(T);
-        std::memcpy(y.raw(), static_cast<const char*>(x.raw()) + size_t(from) * per_token,
-                    size_t(len) * per_token);
-        return y;
-      };
+      auto cut = [&](const Tensor& x) { return tokens_of(x, from, len); };
       const Tensor alone = run_forward({cut(in.q), cut(in.k), cut(in.v), cut(in.g), cut(in.beta)});
       EXPECT_TRUE(bitwise_equal(alone, cut(packed), "document alone"));
     }
@@ -240,15 +242,7 @@ TEST(GatedDelta, CpuPackedDocumentsEqualEachAloneBitwise) {
   cpu::gated_delta_forward(packed, in.q, in.k, in.v, in.g, in.beta, {starts});
   const auto packed_grads = cpu_grads(in, dout, {starts});
   for (const auto& [from, len] : {std::pair<int64_t, int64_t>{0, 70}, {70, 80}}) {
-    auto cut = [&](const Tensor& x) {
-      Shape shape = x.shape();
-      shape[1] = len;
-      Tensor y = Tensor::empty(shape, x.dtype());
-      const size_t per_token = x.nbytes() / size_t(T);
-      std::memcpy(y.raw(), static_cast<const char*>(x.raw()) + size_t(from) * per_token,
-                  size_t(len) * per_token);
-      return y;
-    };
+    auto cut = [&](const Tensor& x) { return tokens_of(x, from, len); };
     const Inputs alone{cut(in.q), cut(in.k), cut(in.v), cut(in.g), cut(in.beta)};
     Tensor out = Tensor::empty(alone.v.shape(), DType::f32);
     cpu::gated_delta_forward(out, alone.q, alone.k, alone.v, alone.g, alone.beta, {});

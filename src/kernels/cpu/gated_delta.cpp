@@ -7,14 +7,15 @@
 // cumulative sum of g over the chunk, gam_t = exp(G_t) and
 // E[t][j] = exp(G_t - G_j) for j <= t:
 //   L[t][j] = beta_t E[t][j] (k_t . k_j), j < t     (strictly lower)
-//   [U | W] = (I + L)^-1 [beta v | beta gam k]       (forward substitution)
+//   [U | W] = (I + L)^-1 [beta v | beta gam k]       ((I + L)^-1 by forward substitution)
 //   D       = U - W S0                               (each token's delta d_t)
 //   O       = (gam q) S0 + (q k^T o E)_{j <= t} D
 //   S_n     = gam_{n-1} S0 + (e k)^T D,  e_j = exp(G_{n-1} - G_j)
 // which is the recurrence unrolled over the chunk (d_t = beta_t (v_t -
 // exp(g_t) S_{t-1}^T k_t) solved for every t at once). Backward runs the same
-// products transposed, chunk by chunk in reverse, from each chunk's S0 kept
-// by a forward pass over the row.
+// products transposed, chunk by chunk in reverse, from each chunk's S0 and D
+// kept by a forward pass over the row. The products run on the process's
+// GEMM; the state is f32 (f64 in f64 runs) whatever the inputs' dtype.
 //
 // Chunks never cross a document: each document of a packed row is chunked
 // from its own first token with the state zero there, so a document's bits

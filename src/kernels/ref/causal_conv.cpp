@@ -43,15 +43,7 @@ void causal_conv_silu_forward(Tensor& y, const Tensor& x, const Tensor& w_CK,
 
 void causal_conv_silu_backward(Tensor& dx, Tensor& dw_CK, const Tensor& dy, const Tensor& x,
                                const Tensor& w_CK, std::span<const int32_t> doc_start_BT) {
-  const char* op = "causal_conv_silu_backward";
-  const ConvDims d = check_conv(x, w_CK, doc_start_BT, op);
-  check_elementwise(dy, "dy", x, "x", op);
-  check_elementwise(dx, "dx", x, "x", op);
-  if (dw_CK.defined()) {
-    check_shape_is(dw_CK, w_CK.shape(), "dw_CK", op);
-    check_dtype_is(dw_CK, acc_dtype(x.dtype()), "dw_CK", op,
-                   "weight gradients are f32 (f64 in f64 runs)");
-  }
+  const ConvDims d = check_conv_backward(dx, dw_CK, dy, x, w_CK, doc_start_BT);
   visit_dtype(x.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     std::vector<A> dx_acc(size_t(x.numel()), A(0));
