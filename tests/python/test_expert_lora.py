@@ -52,7 +52,7 @@ def count_folds(monkeypatch):
 
 @pytest.mark.parametrize("path,order", [("experts", None), ("patch", "peft first"),
                                         ("patch", "patch first")])
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen3_5_moe"])
 def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
     stock = stock_f64(family)
     want = run(with_expert_lora(twin(stock)), batch())
