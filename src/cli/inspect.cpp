@@ -65,6 +65,8 @@ struct Report {
   std::optional<ModelConfig> config;
   int64_t tensor_params = 0;
   int64_t tensor_expert_params = 0;  // numel of tensors the config names as experts
+  // numel of tensors the model skips (MTP layers, a multimodal release's vision tower)
+  int64_t unread_params = 0;
   uint64_t tensor_bytes = 0;
   Mismatches mismatches;
   // Matrices stored at low width (io/stored_quant.h), by format: how many,
@@ -142,7 +144,10 @@ void cross_check(Report& r, const CheckpointTensors* ck) {
     }
   }
   for (const auto& row : r.rows) {
-    if (!expected.count(row.name) && !is_ignored_checkpoint_tensor(c, row.name)) {
+    if (expected.count(row.name)) continue;
+    if (is_ignored_checkpoint_tensor(c, row.name)) {
+      r.unread_params += shape_numel(row.shape);
+    } else {
       r.mismatches.unexpected.push_back(row.name);
     }
   }
@@ -256,7 +261,12 @@ void print_text(const Report& r, bool summary) {
     }
     if (r.mismatches.empty()) {
       os << "tensors match config.json: " << with_commas(r.tensor_params) << " parameters, "
-         << with_commas(r.tensor_expert_params) << " in experts\n";
+         << with_commas(r.tensor_expert_params) << " in experts";
+      if (r.unread_params > 0) {
+        os << "; " << with_commas(r.unread_params)
+           << " of them in tensors the model does not read (MTP layers, a vision tower)";
+      }
+      os << "\n";
     } else {
       os << "MISMATCH with config.json: " << r.mismatches.missing.size() << " missing, "
          << r.mismatches.unexpected.size() << " unexpected, " << r.mismatches.shape.size()
@@ -346,7 +356,8 @@ void print_json(const Report& r, bool summary) {
                    {"experts", n.experts},
                    {"embedding", n.embedding},
                    {"tensors_total", r.tensor_params},
-                   {"tensors_experts", r.tensor_expert_params}};
+                   {"tensors_experts", r.tensor_expert_params},
+                   {"tensors_unread", r.unread_params}};
     Json shape = Json::array();
     for (const auto& [name, shapes] : r.mismatches.shape) {
       shape.push_back({{"name", name}, {"expected", shapes.first}, {"got", shapes.second}});

@@ -329,5 +329,22 @@ TEST_F(Cli, BadFlagsGiveClearErrors) {
   EXPECT_FALSE(fs::exists(path("x") / "config.json"));
 }
 
+// Qwen3.5's release as shipped: inspect reads its text model (the config's
+// text_config, the weights under model.language_model.) and counts the
+// vision tower and the mtp. tensor apart, as tensors the model does not read.
+TEST_F(Cli, InspectOfAMultimodalReleaseCountsWhatTheModelDoesNotRead) {
+  const std::string dir = std::string(TIERMOE_TEST_DATA_DIR) + "/families/qwen3_5_moe_multimodal";
+  RunResult r = run({"inspect", dir, "--json", "--summary"});
+  ASSERT_EQ(r.rc, 0) << r.err;
+  auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["consistent"], true) << j["mismatches"].dump();
+  const ModelConfig c = load_model_config(dir);
+  const int64_t unread = j["params"]["tensors_unread"];
+  EXPECT_GT(unread, 0);
+  EXPECT_EQ(int64_t(j["params"]["tensors_total"]) - unread, param_counts(c).total);
+  r = run({"inspect", dir, "--summary"});
+  EXPECT_TRUE(contains(r.out, "in tensors the model does not read")) << r.out;
+}
+
 }  // namespace
 }  // namespace tiermoe
