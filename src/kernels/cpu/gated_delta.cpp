@@ -340,12 +340,14 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
     // One task per (b, q/k head): its value heads add into dq and dk.
     parallel_for(d.B * d.Hk, 1, [&](int64_t begin, int64_t end) {
       const DenormalsAreZero daz;
-      Chunk<T> c(d);
+      // The row's chunks, prepared once by the forward pass and read again in
+      // reverse (a few hundred KB each).
+      std::vector<Chunk<T>> chunks;
       ChunkGrad<T> cg(d);
       std::vector<A> S(static_cast<size_t>(SS)), dO(static_cast<size_t>(kDeltaChunk * Dv));
       std::vector<A> dS(static_cast<size_t>(SS)), dq_acc(static_cast<size_t>(d.T * Dk)),
           dk_acc(static_cast<size_t>(d.T * Dk));
-      std::vector<A> states, deltas;  // each chunk's S0 and D, in order
+      std::vector<A> states;  // each chunk's S0, in order
       std::vector<A> dg_rows(static_cast<size_t>(kDeltaChunk)),
           db_rows(static_cast<size_t>(kDeltaChunk));
       std::vector<T> dv_out(static_cast<size_t>(kDeltaChunk * Dv));
@@ -355,21 +357,19 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
         std::fill(dq_acc.begin(), dq_acc.end(), A(0));
         std::fill(dk_acc.begin(), dk_acc.end(), A(0));
         for (int64_t h = hk * d.group(); h < (hk + 1) * d.group(); ++h) {
-          // Forward once more without the output, keeping the state each
-          // chunk starts from and its D.
-          std::vector<int64_t> starts, delta_at;  // each chunk's first token, its D's offset
+          // Forward once more without the output, keeping each chunk (its D
+          // included) and the state it starts from.
+          std::vector<int64_t> starts;  // each chunk's first token
           states.clear();
-          deltas.clear();
           for (const auto& [s, e] : docs) {
             std::fill(S.begin(), S.end(), A(0));
             for (int64_t t0 = s; t0 < e; t0 += kDeltaChunk) {
-              const int64_t n = std::min(kDeltaChunk, e - t0);
+              if (starts.size() == chunks.size()) chunks.emplace_back(d);
+              Chunk<T>& c = chunks[starts.size()];
               starts.push_back(t0);
-              delta_at.push_back(int64_t(deltas.size()));
               states.insert(states.end(), S.begin(), S.end());
-              c.prepare(q, k, v, g, beta, b, h, t0, n);
+              c.prepare(q, k, v, g, beta, b, h, t0, std::min(kDeltaChunk, e - t0));
               c.delta(S.data());
-              deltas.insert(deltas.end(), c.D.begin(), c.D.begin() + n * Dv);
               c.advance(S.data());
             }
           }
@@ -379,9 +379,8 @@ void gated_delta_backward(Tensor& dq, Tensor& dk, Tensor& dv, Tensor& dg, Tensor
           std::fill(dS.begin(), dS.end(), A(0));
           for (int64_t ci = int64_t(starts.size()) - 1; ci >= 0; --ci) {
             const int64_t t0 = starts[size_t(ci)];
-            const int64_t e = docs[size_t(doc)].second, n = std::min(kDeltaChunk, e - t0);
-            c.prepare(q, k, v, g, beta, b, h, t0, n);
-            std::copy_n(deltas.begin() + delta_at[size_t(ci)], n * Dv, c.D.begin());
+            const Chunk<T>& c = chunks[size_t(ci)];
+            const int64_t n = c.n;
             for (int64_t t = 0; t < n; ++t) {
               const T* src = dout.data<T>() + ((b * d.T + t0 + t) * d.Hv + h) * Dv;
               for (int64_t j = 0; j < Dv; ++j) dO[size_t(t * Dv + j)] = load(src[j]);
