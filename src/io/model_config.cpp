@@ -78,8 +78,7 @@ std::vector<std::string> ModelConfig::set_vocab_size(int64_t V) {
 
 void ModelConfig::validate(const std::string& where) const {
   auto positive = [&](const char* field, int64_t v) {
-    TIERMOE_CHECK(v > 0, str_of("config field '", field, "' must be positive, got ", v), where,
-                  "fix the value in config.json");
+    families::require_positive(field, v, where);
   };
   positive("vocab_size", vocab_size);
   positive("hidden_size", hidden_size);

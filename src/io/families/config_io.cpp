@@ -268,6 +268,11 @@ class ConfigWriter final : public ConfigIo {
 
 }  // namespace
 
+void require_positive(const char* field, int64_t v, const std::string& where) {
+  TIERMOE_CHECK(v > 0, str_of("config field '", field, "' must be positive, got ", v), where,
+                "fix the value in config.json");
+}
+
 void common_fields(ConfigIo& io, ModelConfig& c, const CommonDefaults& d) {
   io.field("vocab_size", c.vocab_size, d.vocab_size);
   io.field("hidden_size", c.hidden_size, d.hidden_size);
@@ -342,10 +347,7 @@ void mla_fields(ConfigIo& io, ModelConfig& c, const MlaDefaults& d) {
 }
 
 void validate_mla(const ModelConfig& c, const std::string& where) {
-  auto positive = [&](const char* field, int64_t v) {
-    TIERMOE_CHECK(v > 0, str_of("config field '", field, "' must be positive, got ", v), where,
-                  "fix the value in config.json");
-  };
+  auto positive = [&](const char* field, int64_t v) { require_positive(field, v, where); };
   positive("kv_lora_rank", c.kv_lora_rank);
   positive("qk_nope_head_dim", c.qk_nope_head_dim);
   positive("qk_rope_head_dim", c.qk_rope_head_dim);

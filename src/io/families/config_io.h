@@ -97,6 +97,8 @@ struct CommonDefaults {
   std::vector<int64_t> eos_token_id;
   RopeScaling rope_scaling = {};
 };
+// An Error naming config field `field` unless v > 0.
+void require_positive(const char* field, int64_t v, const std::string& where);
 // The fields every family shares, read or written.
 void common_fields(ConfigIo& io, ModelConfig& c, const CommonDefaults& d);
 // n_shared_experts (GLM-4.5, DeepSeek-V2/V3): shared experts of the expert width.

@@ -63,10 +63,7 @@ void validate(const ModelConfig& c, const std::string& where) {
                   str_of("config field 'layer_types' holds '", c.layer_types[l], "' at layer ", l),
                   where, "Qwen3.5-MoE layers are \"linear_attention\" or \"full_attention\"");
   }
-  auto positive = [&](const char* field, int64_t v) {
-    TIERMOE_CHECK(v > 0, str_of("config field '", field, "' must be positive, got ", v), where,
-                  "fix the value in config.json");
-  };
+  auto positive = [&](const char* field, int64_t v) { require_positive(field, v, where); };
   positive("linear_conv_kernel_dim", c.linear_conv_kernel_dim);
   positive("linear_key_head_dim", c.linear_key_head_dim);
   positive("linear_value_head_dim", c.linear_value_head_dim);
