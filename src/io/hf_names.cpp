@@ -67,8 +67,7 @@ void add_mla_attention(const Add& add, const ModelConfig& c) {
 template <class Add>
 void add_linear_attention(const Add& add, const ModelConfig& c) {
   const int64_t D = c.hidden_size, Hv = c.linear_num_value_heads;
-  const int64_t key = c.linear_num_key_heads * c.linear_key_head_dim;
-  const int64_t value = Hv * c.linear_value_head_dim, C = 2 * key + value;
+  const int64_t value = c.linear_value_width(), C = c.linear_conv_width();
   add("linear_attn.dt_bias", {Hv}, HfRole::decay);
   add("linear_attn.A_log", {Hv}, HfRole::decay);
   add("linear_attn.conv1d.weight", {C, 1, c.linear_conv_kernel_dim}, HfRole::conv);

@@ -39,6 +39,17 @@ inline DeltaDims check_gated_delta(const Tensor& q, const Tensor& k, const Tenso
   return d;
 }
 
+// Forward's checks: check_gated_delta's, and out shaped and typed as v.
+inline DeltaDims check_gated_delta_forward(const Tensor& out, const Tensor& q, const Tensor& k,
+                                           const Tensor& v, const Tensor& g, const Tensor& beta,
+                                           const GatedDeltaOptions& opt) {
+  const char* op = "gated_delta_forward";
+  const DeltaDims d = check_gated_delta(q, k, v, g, beta, opt, op);
+  check_same_shape_as(out, v, "out", "v", op);
+  check_same_dtype_as(out, v, "out", "v", op);
+  return d;
+}
+
 // Each gradient shaped and typed as its input (dout as v).
 inline void check_gated_delta_grads(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                     const Tensor& dg, const Tensor& dbeta, const Tensor& dout,

@@ -6,9 +6,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "tiermoe/core/dtype.h"
 #include "tiermoe/core/tensor.h"
@@ -222,6 +224,14 @@ inline void swiglu_backward_row(T* __restrict dg, T* __restrict du, const T* __r
 }
 
 // h_N2F [N, 2F] (gate then up) against a_NF [N, F]; returns F.
+// The output gate's operands (kernels/activation.h): each shaped and typed
+// as x.
+inline void check_sigmoid_gate(std::initializer_list<std::pair<const Tensor*, const char*>> outs,
+                               const Tensor& x, const Tensor& g, std::string_view op) {
+  check_elementwise(g, "g", x, "x", op);
+  for (const auto& [t, name] : outs) check_elementwise(*t, name, x, "x", op);
+}
+
 inline int64_t check_swiglu(const Tensor& a_NF, std::string_view a_name, const Tensor& h_N2F,
                             std::string_view op) {
   check_rank(h_N2F, 2, "h_N2F", op, "[N, 2F]");

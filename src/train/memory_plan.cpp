@@ -75,10 +75,9 @@ size_t layer_kept(const Sizes& z, const ModelConfig& c, int64_t layer, bool moe,
     // Gated DeltaNet (model/gated_deltanet.cpp): the conv's input [N, C], z,
     // in_proj_b's and _a's outputs, q and k before and after their l2 norms,
     // v, the rule's output and the gated output; g, beta and the norm's rstd.
-    const int64_t Kw = c.linear_num_key_heads * c.linear_key_head_dim;
-    const int64_t Vw = c.linear_num_value_heads * c.linear_value_head_dim;
+    const int64_t Kw = c.linear_key_width(), Vw = c.linear_value_width();
     const int64_t Hv = c.linear_num_value_heads;
-    b += size_t(z.N) * ((2 * Kw + Vw) + 4 * Kw + 4 * Vw + 2 * Hv) * z.s;
+    b += size_t(z.N) * (c.linear_conv_width() + 4 * Kw + 4 * Vw + 2 * Hv) * z.s;
     b += size_t(z.N) * 3 * Hv * z.a;
   } else {
     b += size_t(z.N) * (qk == QkNorm::none ? HP + 2 * KP : 2 * (HP + KP) + KP) * z.s;
@@ -409,11 +408,10 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     // it returns (model/gated_deltanet.cpp): of the output, h and its
     // [z | h] pair, of z, h and the rule's output, of q, k (after and before
     // their l2 norms) and v, of the gates' inputs, the conv's output and
-    // input. (The rule's own scratch, a state every 64 tokens per thread, is
-    // a few MB outside the tagged allocator.)
-    const int64_t Kw = c.linear_num_key_heads * c.linear_key_head_dim,
-                  Hv = c.linear_num_value_heads;
-    const int64_t Vw = Hv * c.linear_value_head_dim, C = 2 * Kw + Vw;
+    // input. (The chunked rule's own scratch, a row's chunks and their
+    // first states per thread, is a few MB outside the tagged allocator.)
+    const int64_t Kw = c.linear_key_width(), Hv = c.linear_num_value_heads;
+    const int64_t Vw = c.linear_value_width(), C = c.linear_conv_width();
     const size_t gdn = 5 * ND + size_t(z.N) * (8 * Vw + 4 * Kw + 2 * C + 2 * Hv) * z.s +
                        size_t(z.N) * 2 * Hv * z.a + size_t(z.N * lora_attn_bwd) * master +
                        mixed_dx(z.N, {{C, z.D}, {Vw, z.D}, {z.D, Vw}});

@@ -8,6 +8,7 @@
 
 #include "../../src/kernels/nn_common.h"
 #include "common/testing.h"
+#include "io/test_safetensors_util.h"
 #include "tiermoe/kernels/activation.h"
 
 using namespace tiermoe;
@@ -222,4 +223,10 @@ TEST(SigmoidGate, CpuMatchesRefBitwiseAndFiniteDifferences) {
   EXPECT_TRUE(fd_check(loss, x, dx, "gate dx"));
   EXPECT_TRUE(fd_check(loss, g, dg, "gate dg"));
   EXPECT_NEAR(y.get(0), x.get(0) / (1 + std::exp(-g.get(0))), 1e-15);
+  // A gate of another shape, or a gradient of another dtype, is refused by name.
+  Tensor g_bad = Tensor::zeros({4, 8}, DType::f64), dg_bad = Tensor::zeros({4, 9}, DType::f32);
+  EXPECT_TRUE(throws_error_with([&] { cpu::sigmoid_gate_forward(y, x, g_bad); },
+                                {"sigmoid_gate_forward", "g"}));
+  EXPECT_TRUE(throws_error_with([&] { ref::sigmoid_gate_backward(dx, dg_bad, r, x, g); },
+                                {"sigmoid_gate_backward", "dg"}));
 }

@@ -149,6 +149,10 @@ struct ModelConfig {
   bool mla() const { return spec().attention == AttentionKind::mla; }
   // Whether decoder layer `layer` runs Gated DeltaNet (layer_types' "linear_attention").
   bool linear_attention(int64_t layer) const;
+  // Gated DeltaNet's widths: q's and k's, v's, and the conv's (q, k, v).
+  int64_t linear_key_width() const { return linear_num_key_heads * linear_key_head_dim; }
+  int64_t linear_value_width() const { return linear_num_value_heads * linear_value_head_dim; }
+  int64_t linear_conv_width() const { return 2 * linear_key_width() + linear_value_width(); }
   // Its attention module's name: "linear_attn" there, "self_attn" elsewhere.
   std::string_view attention_module(int64_t layer) const {
     return linear_attention(layer) ? "linear_attn" : "self_attn";

@@ -75,8 +75,7 @@ void swiglu_backward(Tensor& dh_N2F, const Tensor& da_NF, const Tensor& h_N2F, b
 }
 
 void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& g) {
-  check_elementwise(g, "g", x, "x", "sigmoid_gate_forward");
-  check_elementwise(y, "y", x, "x", "sigmoid_gate_forward");
+  check_sigmoid_gate({{&y, "y"}}, x, g, "sigmoid_gate_forward");
   visit_dtype(x.dtype(), [&]<class T>() {
     const T *xp = x.data<T>(), *gp = g.data<T>();
     T* yp = y.data<T>();
@@ -90,10 +89,7 @@ void sigmoid_gate_forward(Tensor& y, const Tensor& x, const Tensor& g) {
 
 void sigmoid_gate_backward(Tensor& dx, Tensor& dg, const Tensor& dy, const Tensor& x,
                            const Tensor& g) {
-  check_elementwise(g, "g", x, "x", "sigmoid_gate_backward");
-  check_elementwise(dy, "dy", x, "x", "sigmoid_gate_backward");
-  check_elementwise(dx, "dx", x, "x", "sigmoid_gate_backward");
-  check_elementwise(dg, "dg", x, "x", "sigmoid_gate_backward");
+  check_sigmoid_gate({{&dy, "dy"}, {&dx, "dx"}, {&dg, "dg"}}, x, g, "sigmoid_gate_backward");
   visit_dtype(x.dtype(), [&]<class T>() {
     const T *xp = x.data<T>(), *gp = g.data<T>(), *dyp = dy.data<T>();
     T *dxp = dx.data<T>(), *dgp = dg.data<T>();

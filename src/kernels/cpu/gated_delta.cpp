@@ -188,9 +188,7 @@ struct Chunk {
 
 void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt) {
-  const DeltaDims d = check_gated_delta(q, k, v, g, beta, opt, "gated_delta_forward");
-  check_same_shape_as(out, v, "out", "v", "gated_delta_forward");
-  check_same_dtype_as(out, v, "out", "v", "gated_delta_forward");
+  const DeltaDims d = check_gated_delta_forward(out, q, k, v, g, beta, opt);
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     parallel_for(d.B * d.Hv, 1, [&](int64_t begin, int64_t end) {

@@ -45,9 +45,7 @@ std::vector<acc_t<T>> row(const Tensor& x, int64_t offset, int64_t n) {
 
 void gated_delta_forward(Tensor& out, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& g, const Tensor& beta, const GatedDeltaOptions& opt) {
-  const DeltaDims d = check_gated_delta(q, k, v, g, beta, opt, "gated_delta_forward");
-  check_same_shape_as(out, v, "out", "v", "gated_delta_forward");
-  check_same_dtype_as(out, v, "out", "v", "gated_delta_forward");
+  const DeltaDims d = check_gated_delta_forward(out, q, k, v, g, beta, opt);
   visit_dtype(q.dtype(), [&]<class T>() {
     using A = acc_t<T>;
     const int64_t Dk = d.Dk, Dv = d.Dv;
