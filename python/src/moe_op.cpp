@@ -82,7 +82,7 @@ void MoeOp::set_lora(int64_t rank, bool w13, bool w2) {
   const ExpertsConfig& e = cfg_.experts;
   lora_ = std::make_unique<ExpertLora>(e.num_experts, e.hidden, e.ffn, c, cfg_.dtype,
                                        cfg_.name + ".experts");
-  adapter_ = std::make_unique<ExpertLoraAdapter>(*lora_, e.ffn, cfg_.dtype);
+  adapter_ = std::make_unique<ExpertLoraAdapter>(*lora_, e, cfg_.dtype);
   experts_.set_adapter(adapter_.get());
 }
 

@@ -137,4 +137,5 @@ def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
             kwargs.update(n_group=int(gate.num_group) if grouped else 1,
                           topk_group=int(gate.topk_group) if grouped else 1,
                           routed_scaling_factor=float(gate.routed_scaling_factor))
-    return EngineMoe(_core.MoeOp(**kwargs), name, dtype, transposed)
+    return EngineMoe(_core.MoeOp(**kwargs), name, dtype, transposed,
+                     interleaved=activation == "gpt_oss")

@@ -4,14 +4,16 @@ computed by the engine as thin products beside the frozen weights.
 PEFT 0.21 adapts a 3-D expert parameter [E, out, in] with one ParamWrapper per parameter:
 lora_A [R*E, in] and lora_B [out, R*E], expert e's delta scaling * B_e A_e. To run the experts
 it parametrizes the parameter with _LoraFactorsProxy(lhs = B [E, out, R], rhs = A [E, R, in],
-scaling), which folds the delta into a dense copy of the whole stack on every forward. TierMoE
-reads the factors instead and hands them to the engine: the W13 LoRA becomes gate_proj's and
-up_proj's (one A, B's row halves), the W2 LoRA down_proj's, the scaling folded into B; their
-gradients go back to the factors, and through PEFT's reshapes to lora_A and lora_B.
+scaling), which folds the delta into a dense copy of the whole stack on every forward. (gpt-oss
+keeps its experts x-major, [E, in, out]: there lhs = A^T and rhs = B^T, the same factors.)
+TierMoE reads the factors instead and hands them to the engine: the W13 LoRA becomes gate_proj's
+and up_proj's (one A; B's row halves, or its even and odd rows where gpt-oss interleaves gate and
+up), the W2 LoRA down_proj's, the scaling folded into B; their gradients go back to the factors,
+and through PEFT's reshapes to lora_A and lora_B.
 
-Where the factors cannot be read that way (several active adapters, gpt-oss's x-major experts,
-W13 and W2 of different ranks, another parametrization) the parameter is used as PEFT computes
-it: the same result, at the dense delta's cost.
+Where the factors cannot be read that way (several active adapters, W13 and W2 of different
+ranks, another parametrization) the parameter is used as PEFT computes it: the same result, at
+the dense delta's cost.
 """
 from dataclasses import dataclass
 from typing import Optional
@@ -29,25 +31,33 @@ class Factors:
     scaling: float
 
 
-def _proxy_factors(proxy) -> Optional[Factors]:
+def _factors(lhs, rhs, scaling, transposed: bool) -> Optional[Factors]:
+    """Factors from PEFT's delta factors (delta = scaling * lhs @ rhs in the parameter's layout),
+    or None where they are not two 3-D factors of one rank."""
+    if lhs.dim() != 3 or rhs.dim() != 3 or lhs.shape[2] != rhs.shape[1]:
+        return None
+    if transposed:  # [E, in, out] = A^T B^T
+        return Factors(rhs.transpose(1, 2), lhs.transpose(1, 2), float(scaling))
+    return Factors(lhs, rhs, float(scaling))
+
+
+def _proxy_factors(proxy, transposed: bool) -> Optional[Factors]:
     # PEFT's _LoraFactorsProxy, matched by name and fields (its module is private).
     if type(proxy).__name__ != "_LoraFactorsProxy":
         return None
-    B, A = proxy.lhs, proxy.rhs
-    if B.dim() != 3 or A.dim() != 3 or B.shape[2] != A.shape[1]:
-        return None  # the x-major layout (lhs = A^T): left to PEFT
-    return Factors(B, A, float(proxy.scaling))
+    return _factors(proxy.lhs, proxy.rhs, proxy.scaling, transposed)
 
 
 def active_factors(experts: torch.nn.Module):
     """{name: Factors} of the LoRA PEFT has made active on `experts` right now (inside its
     ParamWrapper's forward), and whether any parametrization is there that they do not cover."""
     found, other = {}, False
+    transposed = bool(getattr(experts, "is_transposed", False))
     for name in NAMES:
         if not parametrize.is_parametrized(experts, name):
             continue
         plist = experts.parametrizations[name]
-        f = _proxy_factors(plist[0]) if len(plist) == 1 else None
+        f = _proxy_factors(plist[0], transposed) if len(plist) == 1 else None
         if f is None:
             other = True
         else:
@@ -69,10 +79,11 @@ def unwrap(module: torch.nn.Module):
         if len(active) > 1:
             return _base(module), None
         if active:
-            B, A, scaling = module.get_delta_factors(active[0])
-            if B.dim() != 3 or A.dim() != 3 or B.shape[2] != A.shape[1]:
+            f = _factors(*module.get_delta_factors(active[0]),
+                         getattr(_base(module), "is_transposed", False))
+            if f is None:
                 return _base(module), None
-            factors[name] = Factors(B, A, float(scaling))
+            factors[name] = f
         module = module.base_layer
     return module, factors
 
@@ -88,20 +99,30 @@ def bindable(factors) -> bool:
     return len({f.A.shape[1] for f in factors.values()}) == 1
 
 
+def _gate_up_rows(B, interleaved: bool):
+    """W13's rows of B [E, 2F, R]: gate_proj's and up_proj's (halves, or even and odd rows)."""
+    if interleaved:
+        return B[:, 0::2], B[:, 1::2]
+    F = B.shape[1] // 2
+    return B[:, :F], B[:, F:]
+
+
 class EngineLora:
     """The engine copies of one forward's factors: A as the engine reads it (its master dtype),
-    B with the scaling folded in; W13's B split into gate_proj's and up_proj's rows."""
+    B with the scaling folded in; W13's B split into gate_proj's and up_proj's rows (interleaved:
+    gpt-oss's even and odd rows)."""
 
-    def __init__(self, factors, master_dtype):
+    def __init__(self, factors, master_dtype, interleaved: bool = False):
         self.factors = factors
+        self.interleaved = interleaved
         self.held = {}
         for name, f in factors.items():
             A = f.A.detach().to(master_dtype).contiguous()
             B = (f.B.detach().to(master_dtype) * f.scaling).contiguous()
             if name == "gate_up_proj":
-                F = B.shape[1] // 2
-                self.held["gate"] = (A, B[:, :F].contiguous())
-                self.held["up"] = (A, B[:, F:].contiguous())
+                gate, up = _gate_up_rows(B, interleaved)
+                self.held["gate"] = (A, gate.contiguous())
+                self.held["up"] = (A, up.contiguous())
             else:
                 self.held["down"] = (A, B)
 
@@ -117,8 +138,11 @@ class EngineLora:
         for name, f in self.factors.items():
             if name == "gate_up_proj":
                 dA = from_engine(op.grad("lora.gate.A")) + from_engine(op.grad("lora.up.A"))
-                dB = torch.cat([from_engine(op.grad("lora.gate.B")),
-                                from_engine(op.grad("lora.up.B"))], dim=1)
+                gate, up = from_engine(op.grad("lora.gate.B")), from_engine(op.grad("lora.up.B"))
+                if self.interleaved:  # [E, F, 2, R] -> rows 2f (gate), 2f + 1 (up)
+                    dB = torch.stack([gate, up], dim=2).flatten(1, 2)
+                else:
+                    dB = torch.cat([gate, up], dim=1)
             else:
                 dA, dB = from_engine(op.grad("lora.down.A")), from_engine(op.grad("lora.down.B"))
             out[name] = ((dB * f.scaling).to(f.B.dtype), dA.to(f.A.dtype))

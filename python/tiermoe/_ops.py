@@ -50,11 +50,13 @@ def check_input(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
 class EngineMoe:
     """One MoE module's engine op and the torch tensors it reads."""
 
-    def __init__(self, op: "_core.MoeOp", name: str, dtype: torch.dtype, transposed: bool):
+    def __init__(self, op: "_core.MoeOp", name: str, dtype: torch.dtype, transposed: bool,
+                 interleaved: bool):
         self.op = op
         self.name = name
         self.dtype = dtype
         self.transposed = transposed  # HF keeps the experts x-major (gpt-oss)
+        self.interleaved = interleaved  # W13's gate and up rows alternate (gpt-oss)
         self._experts_key = None
         self._experts_held = ()
         self._router_key = None

@@ -118,14 +118,14 @@ class TieredMoE(torch.nn.Module):
         engine.sync_router(gate.weight, bias, selection_bias)
         experts, factors = unwrap(self.experts)
         lora = None
-        if factors and not engine.transposed and bindable(factors):
-            lora = EngineLora(factors, score_dtype(engine.dtype))
+        if factors and bindable(factors):
+            lora = EngineLora(factors, score_dtype(engine.dtype), engine.interleaved)
         elif factors is None or factors:
             raise _core.TierMoEError(
                 f"{self.block_name}: PEFT's expert LoRA here is one of several active adapters, "
-                "on gpt-oss's x-major experts or of two ranks, which patch does not compute "
-                "(hint: one active adapter of one rank on swiglu experts, or use "
-                "experts_implementation=\"tiermoe\", which falls back to PEFT's own product)")
+                "or of two ranks on gate_up_proj and down_proj, which patch does not compute "
+                "(hint: one active adapter of one rank, or use experts_implementation=\"tiermoe\", "
+                "which falls back to PEFT's own product)")
         params = self._bind_experts(experts)
         tier = _TIERS.get(self)
         if tier is not None:

@@ -32,8 +32,8 @@ def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     check_input(engine.name, hidden_states, engine.dtype)
     factors, other = active_factors(self)
     lora = None
-    if factors and not other and not engine.transposed and bindable(factors):
-        lora = EngineLora(factors, score_dtype(engine.dtype))
+    if factors and not other and bindable(factors):
+        lora = EngineLora(factors, score_dtype(engine.dtype), engine.interleaved)
     elif factors or other:
         params = experts_params(self)  # PEFT's dense W + delta (_lora.py says when)
     engine.sync_experts(*params)

@@ -112,7 +112,7 @@ void MoeBlock::enable_lora(const LoraConfig& config, Rng& rng) {
   if (lora->empty()) return;
   lora->init(rng);
   lora_ = std::move(lora);
-  hook_ = std::make_unique<ExpertLoraAdapter>(*lora_, c.ffn, experts_.dtype());
+  hook_ = std::make_unique<ExpertLoraAdapter>(*lora_, c, experts_.dtype());
   experts_.set_adapter(hook_.get());
 }
 

@@ -175,12 +175,7 @@ void GroupedExperts::free_grads() {
   dw13_EFD = dw2_EDF = db13_E2F = db2_ED = dnorm_ED = Tensor();
 }
 
-void GroupedExperts::set_adapter(ExpertAdapter* adapter) {
-  TIERMOE_CHECK(!adapter || cfg_.activation == ExpertActivation::swiglu,
-                "LoRA on gpt_oss experts is not supported", name_,
-                "adapters assume the swiglu layout (gate rows, then up rows)");
-  adapter_ = adapter;
-}
+void GroupedExperts::set_adapter(ExpertAdapter* adapter) { adapter_ = adapter; }
 
 DType GroupedExperts::grad_dtype() const {
   return dtype_ == DType::f64 ? DType::f64 : DType::f32;

@@ -2,9 +2,9 @@
 transformers + PEFT in f64, whose experts run W + scaling * B A per expert (PEFT's own fold):
 loss and every gradient (attention and expert LoRA factors) to 1e-9 relative. The engine
 computes the adapters from their factors, and PEFT's fold never runs (under the experts backend
-TierMoE has PEFT register its parametrization without torch's check, which would run it). On
-gpt-oss's x-major experts the experts backend leaves the fold to PEFT and gives the same result. Shown to fail when the engine reads
-down_proj's A and B swapped."""
+TierMoE has PEFT register its parametrization without torch's check, which would run it),
+gpt-oss's x-major experts with their interleaved gate and up rows included. Shown to fail when
+the engine reads down_proj's A and B swapped, and gpt-oss's gate and up rows as halves."""
 import pytest
 import torch
 from peft import LoraConfig, get_peft_model
@@ -13,7 +13,7 @@ import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
 from hf_models import (Float64Everywhere, batch, compare, run, stock_f64, tiered_with, twin,
                        worst_relative)
-from tiermoe import _lora
+from tiermoe import _lora, _ops
 
 RTOL = 1e-9
 EXPERT_PARAMS = ["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
@@ -24,6 +24,11 @@ def with_expert_lora(model, targets=EXPERT_PARAMS, seed=5):
                      target_parameters=targets)
     with Float64Everywhere():
         model = get_peft_model(model, cfg)
+    return randomize_adapters(model, seed)
+
+
+def randomize_adapters(model, seed=5):
+    """Every LoRA factor drawn from `seed` (B too, which PEFT starts at 0)."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for n, p in model.named_parameters():
@@ -52,7 +57,8 @@ def count_folds(monkeypatch):
 
 @pytest.mark.parametrize("path,order", [("experts", None), ("patch", "peft first"),
                                         ("patch", "patch first")])
-@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen3_5_moe"])
+@pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen3_5_moe",
+                                    "gpt_oss"])
 def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
     stock = stock_f64(family)
     want = run(with_expert_lora(twin(stock)), batch())
@@ -65,15 +71,26 @@ def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
     assert any("experts" in k and "lora_B" in k for k in report)
 
 
-def test_gpt_oss_expert_lora_falls_back_to_peft_and_equals_it():
-    stock = stock_f64("gpt_oss")
-    want = run(with_expert_lora(twin(stock)), batch())
-    compare(run(tiered_with(stock, "experts", with_expert_lora), batch()), want, RTOL)
+def with_two_active_adapters(model):
+    model = with_expert_lora(model)
+    model.add_adapter("other", LoraConfig(r=2, target_parameters=EXPERT_PARAMS))
+    model.base_model.set_adapter(["default", "other"])
+    return randomize_adapters(model)
+
+
+def test_two_active_adapters_fall_back_to_peft_and_equal_it():
+    stock = stock_f64("qwen3_moe")
+    want = run(with_two_active_adapters(twin(stock)), batch())
+    model = tiered_with(stock, "experts", with_two_active_adapters)
+    compare(run(model, batch()), want, RTOL)
+    modules = set(model.modules())
+    engines = [e for m, e in _ops._ENGINES.items() if m in modules]
+    assert engines and all(e.op.lora_rank == 0 for e in engines), "the engine ran a LoRA"
 
 
 def test_patch_refuses_expert_lora_it_does_not_compute():
-    model = tiered_with(stock_f64("gpt_oss"), "patch", with_expert_lora)
-    with pytest.raises(tiermoe.TierMoEError, match="x-major"):
+    model = tiered_with(stock_f64("qwen3_moe"), "patch", with_two_active_adapters)
+    with pytest.raises(tiermoe.TierMoEError, match="several active adapters"):
         run(model, batch())
 
 
@@ -83,12 +100,23 @@ def test_fails_with_down_projs_a_and_b_swapped(path, monkeypatch):
     want = run(with_expert_lora(twin(stock)), batch())
     init = _lora.EngineLora.__init__
 
-    def swapped(self, factors, dtype):
-        init(self, factors, dtype)
+    def swapped(self, factors, dtype, interleaved=False):
+        init(self, factors, dtype, interleaved)
         A, B = self.held["down"]  # [E, R, F] and [E, D, R]: D == F here
         self.held["down"] = (B.transpose(1, 2).contiguous(), A.transpose(1, 2).contiguous())
 
     monkeypatch.setattr(_lora.EngineLora, "__init__", swapped)
+    with pytest.raises(AssertionError, match="differs by"):
+        compare(run(tiered_with(stock, path, with_expert_lora), batch()), want, RTOL)
+
+
+@pytest.mark.parametrize("path", ["experts", "patch"])
+def test_fails_with_gpt_oss_gate_and_up_rows_read_as_halves(path, monkeypatch):
+    stock = stock_f64("gpt_oss")
+    want = run(with_expert_lora(twin(stock)), batch())
+    init = _lora.EngineLora.__init__
+    monkeypatch.setattr(_lora.EngineLora, "__init__",
+                        lambda self, factors, dtype, interleaved=False: init(self, factors, dtype))
     with pytest.raises(AssertionError, match="differs by"):
         compare(run(tiered_with(stock, path, with_expert_lora), batch()), want, RTOL)
 

@@ -1,9 +1,10 @@
 #pragma once
 // ExpertLora (model/lora.h) seen through moe's ExpertAdapter, so that
 // GroupedExperts calls it at its fixed points. The experts' fused W13 output
-// holds gate_proj's columns [0, F) and up_proj's [F, 2F); down_proj adapts
-// W2's whole output. MoeBlock hooks its experts' LoRA with it, and the Python
-// package hooks PEFT's expert adapters the same way.
+// holds gate_proj's columns [0, F) and up_proj's [F, 2F) under swiglu, and
+// interleaves them under gpt-oss's GLU (gate at even columns, up at odd);
+// down_proj adapts W2's whole output. MoeBlock hooks its experts' LoRA with
+// it, and the Python package hooks PEFT's expert adapters the same way.
 #include <cstdint>
 
 #include "tiermoe/model/lora.h"
@@ -13,8 +14,11 @@ namespace tiermoe {
 
 class ExpertLoraAdapter final : public ExpertAdapter {
  public:
-  ExpertLoraAdapter(ExpertLora& lora, int64_t ffn, DType compute)
-      : lora_(&lora), ffn_(ffn), dtype_(lora_master_dtype(compute)) {}
+  ExpertLoraAdapter(ExpertLora& lora, const ExpertsConfig& experts, DType compute)
+      : lora_(&lora),
+        ffn_(experts.ffn),
+        interleaved_(experts.activation == ExpertActivation::gpt_oss),
+        dtype_(lora_master_dtype(compute)) {}
 
   bool adapts(ExpertLinear p) const override { return lora_->has(proj(p)); }
   int64_t rank() const override { return lora_->rank(); }
@@ -38,11 +42,17 @@ class ExpertLoraAdapter final : public ExpertAdapter {
     __builtin_unreachable();
   }
   LoraColumns columns(ExpertLinear p) const {
-    return p == ExpertLinear::up ? LoraColumns{ffn_, 1} : LoraColumns{};
+    switch (p) {
+      case ExpertLinear::gate: return interleaved_ ? LoraColumns{0, 2} : LoraColumns{};
+      case ExpertLinear::up: return interleaved_ ? LoraColumns{1, 2} : LoraColumns{ffn_, 1};
+      case ExpertLinear::down: return {};
+    }
+    __builtin_unreachable();
   }
 
   ExpertLora* lora_;
   int64_t ffn_;
+  bool interleaved_;
   DType dtype_;
 };
 

@@ -179,8 +179,8 @@ class GroupedExperts {
   void weights_changed() { ++weights_version_; }
   ExpertPacks& packs() const { return *packs_; }
 
-  // A LoRA adapter on the experts (not owned; null removes it). Only the
-  // swiglu layout is supported (gate rows, then up rows).
+  // A LoRA adapter on the experts (not owned; null removes it). It knows
+  // which of W13's output columns are gate_proj's and up_proj's.
   void set_adapter(ExpertAdapter* adapter);
   ExpertAdapter* adapter() const { return adapter_; }
   bool adapts(ExpertLinear p) const { return adapter_ && adapter_->adapts(p); }
