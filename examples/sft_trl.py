@@ -1,11 +1,11 @@
 """LoRA SFT of a transformers Qwen3-MoE with TRL's SFTTrainer, its MoE experts run by TierMoE.
 
 The one TierMoE line is experts_implementation="tiermoe"; everything else is stock
-transformers + PEFT + TRL. With --expert-lora the experts get LoRA too, through PEFT's
-target_parameters, computed by TierMoE beside the frozen expert weights. With --device-tier the
-whole MoE blocks run in TierMoE instead (tiermoe.torch.patch), the hot experts on the device
-tier's CPU backend, and the trainer logs its figures (tiermoe.trl.StatsCallback); experts that
-carry LoRA stay on the host.
+transformers + PEFT + TRL. With --expert-lora the experts get LoRA too
+(tiermoe.torch.expert_lora: PEFT's own adapter on the experts' weights, in the same adapter as
+attention's), computed by TierMoE beside the frozen expert weights. With --device-tier the hot
+experts run on the device tier's CPU backend (tiermoe.configure), and the trainer logs its
+figures (tiermoe.trl.StatsCallback); experts that carry LoRA stay on the host.
 
     python examples/sft_trl.py [--expert-lora] [--device-tier] [--work-dir DIR]
 """
@@ -19,6 +19,7 @@ import transformers
 from peft import LoraConfig
 from trl import SFTConfig, SFTTrainer
 
+import tiermoe
 import tiermoe.torch
 import tiermoe.transformers  # noqa: F401  (registers experts_implementation="tiermoe")
 import tiermoe.trl
@@ -34,18 +35,15 @@ def main():
     args = p.parse_args()
 
     model_dir, chats = setup(args.work_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=torch.float32, experts_implementation="tiermoe")
     if args.device_tier:
-        model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
         # A budget of 2 MiB: the tier's staging and a few of the 16 experts' weights.
-        tiermoe.torch.patch(model, device="cpu", device_memory=2 << 20, placement="device")
-    else:
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_dir, dtype=torch.float32, experts_implementation="tiermoe")
+        tiermoe.configure(model, device="cpu", device_memory=2 << 20, placement="device")
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir)
-    lora = LoraConfig(
-        r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"],
-        target_parameters=(["mlp.experts.gate_up_proj", "mlp.experts.down_proj"]
-                           if args.expert_lora else None))
+    lora = LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"])
+    if args.expert_lora:  # one PEFT adapter for both, which the trainer trains and saves
+        model, lora = tiermoe.torch.expert_lora(model, r=8, alpha=16, config=lora), None
     config = SFTConfig(output_dir=os.path.join(args.work_dir, "run"), max_steps=args.steps,
                        per_device_train_batch_size=8, gradient_accumulation_steps=2,
                        learning_rate=2e-2, lr_scheduler_type="constant", logging_steps=5,

@@ -8,10 +8,14 @@
 #      transformers + PEFT (grouped_mm), with "tiermoe", with patch
 #      (torch_step.py), and TierMoE's CLI (tiermoe train), in bf16; then with
 #      LoRA on the experts as well (PEFT's target_parameters), with peak RSS;
+#   3. the same model and batch through TRL's SFTTrainer, LoRA on attention
+#      and the experts: stock (the trainer's peft_config) against
+#      experts_implementation="tiermoe" with tiermoe.torch.expert_lora, with
+#      peak RSS (trl_step.py);
 # with `tiermoe bench peak` before and after. Uses make test's venv and the
 # package built in build/python (make test builds both). Not part of make
-# test: about 15 minutes on 2 cores. Output: build/compare-python/.
-#   STEPS=3  THREADS=all  VENV=~/.cache/tiermoe/venv
+# test: about 20 minutes on 2 cores. Output: build/compare-python/.
+#   STEPS=3  THREADS=all  VENV=~/.cache/tiermoe/venv  PARTS="block step trl"
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
@@ -26,32 +30,44 @@ steps=${STEPS:-3}
 work="$root/build/compare-python"
 mkdir -p "$work"
 B=2 L=1024 V=4096
+parts=" ${PARTS:-block step trl} "
 
 echo "uptime: $(uptime)" >&2
 "$tiermoe" bench peak --threads "$threads" --json | tail -n 1 >"$work/peak-before.json"
-"$py" "$here/python_block.py" --threads "$threads" | tee "$work/block.jsonl"
+[[ $parts == *" block "* ]] &&
+  "$py" "$here/python_block.py" --threads "$threads" | tee "$work/block.jsonl"
 
 ckpt="$work/qwen3-30b-a3b-L2-V$V"
 [ -f "$ckpt/config.json" ] ||
   "$tiermoe" init --preset qwen3-30b-a3b --layers 2 --vocab-size $V --dtype bf16 --out "$ckpt" >&2
 tokens="$work/tokens-V$V.npy"
 [ -f "$tokens" ] || "$py" -c "import numpy as np; np.save('$tokens', np.random.default_rng(0).integers(0, $V, 65537, dtype=np.int32))"
-: >"$work/step.jsonl"
-for experts in grouped_mm tiermoe patch; do
-  "$py" "$here/torch_step.py" --model "$ckpt" --data "$tokens" --mode lora --dtype bf16 \
-    --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" \
-    --experts "$experts" | tail -n 1 | tee -a "$work/step.jsonl"
-done
-# The same step with LoRA on the experts too (PEFT's target_parameters), and its peak RSS.
-: >"$work/step-expert-lora.jsonl"
-for experts in grouped_mm tiermoe patch; do
-  "$py" "$here/torch_step.py" --model "$ckpt" --data "$tokens" --mode lora --dtype bf16 \
-    --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" \
-    --experts "$experts" --expert-lora | tail -n 1 | tee -a "$work/step-expert-lora.jsonl"
-done
-"$tiermoe" train --model "$ckpt" --data "$tokens" --seq-len $L --batch $B --steps $((steps + 1)) \
-  --no-shuffle --lr 1e-4 --lr-schedule constant --warmup-steps 0 --max-grad-norm 0 \
-  --threads "$threads" --json --dtype bf16 --lora-rank 8 --lora-alpha 16 \
-  --lora-targets q_proj,k_proj,v_proj,o_proj | tail -n 1 | tee "$work/cli.json"
+if [[ $parts == *" step "* ]]; then
+  : >"$work/step.jsonl"
+  for experts in grouped_mm tiermoe patch; do
+    "$py" "$here/torch_step.py" --model "$ckpt" --data "$tokens" --mode lora --dtype bf16 \
+      --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" \
+      --experts "$experts" | tail -n 1 | tee -a "$work/step.jsonl"
+  done
+  # The same step with LoRA on the experts too (PEFT's target_parameters), and its peak RSS.
+  : >"$work/step-expert-lora.jsonl"
+  for experts in grouped_mm tiermoe patch; do
+    "$py" "$here/torch_step.py" --model "$ckpt" --data "$tokens" --mode lora --dtype bf16 \
+      --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" \
+      --experts "$experts" --expert-lora | tail -n 1 | tee -a "$work/step-expert-lora.jsonl"
+  done
+  "$tiermoe" train --model "$ckpt" --data "$tokens" --seq-len $L --batch $B --steps $((steps + 1)) \
+    --no-shuffle --lr 1e-4 --lr-schedule constant --warmup-steps 0 --max-grad-norm 0 \
+    --threads "$threads" --json --dtype bf16 --lora-rank 8 --lora-alpha 16 \
+    --lora-targets q_proj,k_proj,v_proj,o_proj | tail -n 1 | tee "$work/cli.json"
+fi
+if [[ $parts == *" trl "* ]]; then
+  : >"$work/trl-step.jsonl"
+  for impl in stock tiermoe; do
+    "$py" "$here/trl_step.py" --model "$ckpt" --data "$tokens" --impl $impl --dtype bf16 \
+      --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" |
+      tail -n 1 | tee -a "$work/trl-step.jsonl"
+  done
+fi
 "$tiermoe" bench peak --threads "$threads" --json | tail -n 1 >"$work/peak-after.json"
 cat "$work"/peak-*.json

@@ -10,9 +10,20 @@ or, for the whole MoE block (router included) in the engine:
     import tiermoe.torch
     tiermoe.torch.patch(model)
 
-torch is needed only by those two modules; `import tiermoe` and the `tiermoe`
-command line work without it.
+and on either path, the hot experts on the device tier:
+
+    tiermoe.configure(model, device="cpu", device_memory=8 << 30)
+
+torch is needed only by those modules and configure; `import tiermoe` and the
+`tiermoe` command line work without it.
 """
 from ._core import TierMoEError, __version__, num_threads, set_num_threads
 
-__all__ = ["TierMoEError", "__version__", "num_threads", "set_num_threads"]
+__all__ = ["TierMoEError", "__version__", "configure", "num_threads", "set_num_threads"]
+
+
+def configure(model, **tier):
+    """tiermoe.torch.configure(model, device=, device_memory=, placement=, profile=, rates=):
+    the hot experts of a model on either path on the device tier (imports torch)."""
+    from .torch import configure as configure_tier
+    return configure_tier(model, **tier)

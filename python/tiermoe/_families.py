@@ -92,12 +92,17 @@ def experts_params(experts: torch.nn.Module, original: bool = False):
             get("gate_up_proj_bias") if bias else None, get("down_proj_bias") if bias else None)
 
 
+def experts_class_name(module: torch.nn.Module) -> str:
+    """The module's class name; under torch's parametrize (PEFT's expert LoRA), which swaps in a
+    subclass Parametrized<Name>, the class it derives from."""
+    cls = type(module)
+    return cls.__bases__[0].__name__ if parametrize.is_parametrized(module) else cls.__name__
+
+
 def make_engine(experts: torch.nn.Module, name: str, *, absorb: str = "auto",
                 remat: str = "default", block: Optional[torch.nn.Module] = None, spec: Optional[BlockSpec] = None) -> EngineMoe:
     """The engine op for an experts module (and, with `block`, its router)."""
-    # torch's parametrize (PEFT's expert LoRA) swaps in a subclass, Parametrized<Name>.
-    cls = type(experts).__bases__[0] if parametrize.is_parametrized(experts) else type(experts)
-    kind = cls.__name__
+    kind = experts_class_name(experts)
     activation = EXPERTS.get(kind)
     if activation is None:
         raise _core.TierMoEError(

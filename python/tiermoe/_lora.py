@@ -15,11 +15,15 @@ Where the factors cannot be read that way (several active adapters, W13 and W2 o
 ranks, another parametrization) the parameter is used as PEFT computes it: the same result, at
 the dense delta's cost.
 """
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 from torch.nn.utils import parametrize
+
+from ._core import TierMoEError
+from ._families import EXPERTS, experts_class_name
 
 NAMES = ("gate_up_proj", "down_proj")
 
@@ -147,3 +151,60 @@ class EngineLora:
                 dA, dB = from_engine(op.grad("lora.down.A")), from_engine(op.grad("lora.down.B"))
             out[name] = ((dB * f.scaling).to(f.B.dtype), dA.to(f.A.dtype))
         return out
+
+
+def expert_lora(model: torch.nn.Module, r: int = 8, alpha: float = 16,
+                targets=("gate_up_proj", "down_proj"), dropout: float = 0.0, *,
+                config=None, adapter_name: str = "default"):
+    """LoRA of rank r on every routed expert of `model`, as PEFT's own adapter; returns the
+    peft.PeftModel (get_peft_model's).
+
+    The adapter is PEFT's target_parameters LoRA on the experts' fused `targets` (gate_up_proj,
+    down_proj): per expert e, W_e + alpha / r * B_e A_e. Under experts_implementation="tiermoe"
+    or tiermoe.torch.patch the engine computes it from its factors beside the frozen weights;
+    saving, loading (PeftModel.from_pretrained on the stock model) and merging are PEFT's.
+    `config`: a peft.LoraConfig for the rest of the model (attention's target_modules, say); the
+    experts join its adapter (at rank r and alpha through its rank_pattern and alpha_pattern
+    where they differ from its own), so one adapter holds both, as trainers save them.
+    PEFT's expert adapters take no dropout: dropout, and config's lora_dropout, must be 0.
+    """
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if isinstance(model, PeftModel):
+        raise TierMoEError(
+            "expert_lora: the model is a PeftModel already; PEFT saves one adapter per config "
+            "(hint: pass the stock model, with the other LoRA's LoraConfig as config=)")
+    targets = tuple(targets) if not isinstance(targets, str) else (targets,)
+    bad = [t for t in targets if t not in NAMES]
+    if not targets or bad:
+        raise TierMoEError(f"expert_lora: targets {bad or list(targets)} "
+                           f"(hint: one or both of {', '.join(NAMES)})")
+    if r <= 0:
+        raise TierMoEError(f"expert_lora: r is {r} (hint: a positive rank, e.g. r=8)")
+    if dropout or (config is not None and config.lora_dropout):
+        raise TierMoEError(
+            f"expert_lora: dropout {dropout or config.lora_dropout}; PEFT's LoRA on expert "
+            "parameters has none, and one adapter shares its config's lora_dropout "
+            "(hint: dropout=0.0, and lora_dropout=0.0 in config)")
+    # Every experts module's path, by its last two parts (PEFT matches target_parameters by
+    # suffix): "mlp.experts" in every family here.
+    homes = sorted({".".join(n.split(".")[-2:]) for n, m in model.named_modules()
+                    if experts_class_name(m) in EXPERTS})
+    if not homes:
+        raise TierMoEError(
+            f"expert_lora: no experts module TierMoE runs in {type(model).__name__} "
+            f"(hint: supported: {', '.join(sorted(EXPERTS))})")
+    params = [f"{home}.{t}" for home in homes for t in targets]
+    if config is None:
+        cfg = LoraConfig(r=r, lora_alpha=alpha, target_modules=[], target_parameters=params)
+    else:
+        if not isinstance(config, LoraConfig):
+            raise TierMoEError(f"expert_lora: config is a {type(config).__name__} "
+                               "(hint: a peft.LoraConfig)")
+        cfg = copy.deepcopy(config)
+        cfg.target_parameters = sorted(set(cfg.target_parameters or []) | set(params))
+        if r != cfg.r:
+            cfg.rank_pattern = {**cfg.rank_pattern, **{p: r for p in params}}
+        if alpha != cfg.lora_alpha:
+            cfg.alpha_pattern = {**cfg.alpha_pattern, **{p: alpha for p in params}}
+    return get_peft_model(model, cfg, adapter_name=adapter_name)

@@ -40,7 +40,7 @@ def check_input(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
         raise _core.TierMoEError(
             f"{name}: hidden_states are on {x.device}; this TierMoE path runs CPU tensors "
             "(hint: keep the model on the CPU; the MoE blocks do not take CUDA tensors yet, and "
-            "tiermoe.torch.patch(device=\"cuda\", ...) puts the hot experts on the GPU)")
+            "tiermoe.configure(model, device=\"cuda\", ...) puts the hot experts on the GPU)")
     if x.dtype != dtype:
         raise _core.TierMoEError(
             f"{name}: hidden_states are {x.dtype} but the experts are {dtype} "

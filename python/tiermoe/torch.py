@@ -11,59 +11,17 @@ and combine run forward and backward in the engine through one
 torch.autograd.Function; the combine is never replayed. Shared experts run in
 PyTorch beside it (so PEFT adapts them like any nn.Linear).
 """
-import json
-import weakref
 from typing import Optional
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from . import _core
-from ._families import BLOCKS, BlockSpec, experts_params, make_engine
-from ._lora import EngineLora, bindable, unwrap
-from ._ops import DTYPE_NAMES, BlockMoe, check_input, engine_for, lora_inputs, score_dtype
+from . import _core, _tier
+from ._families import BLOCKS, EXPERTS, BlockSpec, experts_class_name, experts_params, make_engine
+from ._lora import EngineLora, bindable, expert_lora, unwrap
+from ._ops import BlockMoe, check_input, engine_for, lora_inputs, score_dtype
+from ._tier import save_profile, stats
 
-__all__ = ["TieredMoE", "patch", "stats", "save_profile"]
-
-# The device tier of each patched model, by its blocks (beside them, not on them: a block
-# deep-copies as transformers' own; a copy runs on the host).
-_TIERS = weakref.WeakKeyDictionary()
-
-
-class _TierState:
-    """One model's device tier and where its training is: a step begins at the first MoE
-    forward after the previous optimizer step, and ends at the next optimizer step."""
-
-    def __init__(self, op, blocks):
-        self.op = op
-        self.blocks = weakref.WeakSet(blocks)
-        self.in_step = False
-        self.steps = 0
-        self.last = None
-
-    def begin(self):
-        if not self.in_step:
-            # Placing experts uploads their weights: every layer's must be bound first.
-            for b in self.blocks:
-                b._bind_experts()
-            self.op.begin_step()
-            self.in_step = True
-
-    def end(self):
-        if not self.in_step:
-            return
-        trained = any(p.requires_grad for b in self.blocks for p in b.experts.parameters())
-        self.last = json.loads(self.op.end_step(trained))
-        self.in_step = False
-        self.steps += 1
-
-
-_STEP_HOOK = None
-
-
-def _after_optimizer_step(optimizer, args, kwargs):
-    for state in {id(s): s for s in _TIERS.values()}.values():
-        state.end()
+__all__ = ["TieredMoE", "patch", "configure", "expert_lora", "stats", "save_profile"]
 
 
 class TieredMoE(torch.nn.Module):
@@ -127,9 +85,7 @@ class TieredMoE(torch.nn.Module):
                 "(hint: one active adapter of one rank, or use experts_implementation=\"tiermoe\", "
                 "which falls back to PEFT's own product)")
         params = self._bind_experts(experts)
-        tier = _TIERS.get(self)
-        if tier is not None:
-            tier.begin()
+        _tier.begin_step(self)
         out_TD, logits_TE = BlockMoe.apply(engine, lora, x_TD, gate.weight, bias, selection_bias,
                                            *params, *lora_inputs(lora))
         self._emit_router_logits(gate, x_TD, logits_TE)
@@ -195,56 +151,38 @@ def patch(model: torch.nn.Module, *, device: Optional[str] = None,
         setattr(parent, child, t)
         tiered.append(t)
     if device not in (None, "none"):
-        _attach_tier(tiered, device, device_memory, placement, profile, rates)
+        configure(model, device=device, device_memory=device_memory, placement=placement,
+                  profile=profile, rates=rates)
     return model
 
 
-def _attach_tier(blocks, device, device_memory, placement, profile, rates):
-    global _STEP_HOOK
-    experts = [unwrap(b.experts)[0] for b in blocks]
-    engines = [b._engine() for b in blocks]
-    e0, w13 = engines[0], experts[0].gate_up_proj
-    E, F2, D = (w13.shape[0], w13.shape[2], w13.shape[1]) if e0.transposed else tuple(w13.shape)
-    full = any(p.requires_grad for x in experts for p in x.parameters())
-    if device_memory is None:
+def configure(model: torch.nn.Module, *, device: str, device_memory: Optional[int] = None,
+              placement: str = "auto", profile: Optional[str] = None,
+              rates: Optional[tuple] = None) -> torch.nn.Module:
+    """Puts the hot experts of `model` on the device tier (device="cpu", the tier's CPU backend,
+    or "cuda" where the build has it), the cold ones on the host, in the same step; returns
+    `model`. For a model on either path: experts_implementation="tiermoe" or patched. patch's
+    arguments of the same names say what they choose.
+    """
+    blocks = [m for m in model.modules() if isinstance(m, TieredMoE)]
+    if blocks:
+        experts = [unwrap(b.experts)[0] for b in blocks]
+        _tier.attach(blocks, [b._engine() for b in blocks], experts,
+                     lambda b: b._bind_experts(), lambda b: unwrap(b.experts)[0],
+                     device=device, device_memory=device_memory, placement=placement,
+                     profile=profile, rates=rates, where="configure")
+        return model
+    found = [m for m in model.modules() if experts_class_name(m) in EXPERTS]
+    experts = [m for m in found
+               if getattr(getattr(m, "config", None), "_experts_implementation", None) == "tiermoe"]
+    if not experts:
         raise _core.TierMoEError(
-            f"patch(device={device!r}): device_memory must be given with a device "
-            "(hint: the tier's budget in bytes on the device, e.g. device_memory=8 << 30)")
-    op = _core.TierSession(device=device, memory=int(device_memory), placement=placement,
-                      full=full, hidden=D, ffn=F2 // 2, dtype=DTYPE_NAMES[e0.dtype],
-                      bias=bool(getattr(experts[0], "has_bias", False)),
-                      activation="gpt_oss" if e0.transposed else "swiglu",
-                      absorb=e0.op.absorbs_scores, layers=len(blocks), experts=E,
-                      profile_in=profile or "",
-                      rates=[float(r) for r in rates] if rates is not None else None)
-    for layer, engine in enumerate(engines):
-        engine.op.attach_tier(op, layer)
-    state = _TierState(op, blocks)
-    for b in blocks:
-        _TIERS[b] = state
-    if _STEP_HOOK is None:
-        _STEP_HOOK = register_optimizer_step_post_hook(_after_optimizer_step)
-
-
-def _tier_of(model):
-    for m in model.modules():
-        if m in _TIERS:
-            return _TIERS[m]
-    raise _core.TierMoEError(
-        f"{type(model).__name__} has no device tier (hint: tiermoe.torch.patch(model, "
-        "device=\"cpu\", device_memory=BYTES))")
-
-
-def stats(model: torch.nn.Module) -> dict:
-    """The device tier's figures: the last step's (hot fraction, rows on the device, launches,
-    bytes each way, the time split host / device / wait / transfers, re-placements and weight
-    moves, the experts resident after it, per layer) and the run's totals so far."""
-    state = _tier_of(model)
-    return {"steps": state.steps, "last_step": state.last, "totals": json.loads(state.op.totals()),
-            "resident_experts": state.op.resident_experts()}
-
-
-def save_profile(model: torch.nn.Module, path: str) -> None:
-    """Writes the routing profile (rows per layer and expert, an average over steps), which
-    patch(..., profile=PATH) plans the first step from."""
-    _tier_of(model).op.save_profile(str(path))
+            f"configure: no MoE layer of {type(model).__name__} runs in TierMoE"
+            + (f" ({len(found)} experts modules run transformers' own experts)" if found else "")
+            + " (hint: load it with experts_implementation=\"tiermoe\" after "
+            "import tiermoe.transformers, or tiermoe.torch.patch(model) first)")
+    from .transformers import bind_original, experts_engine
+    _tier.attach(experts, [experts_engine(m) for m in experts], experts, bind_original,
+                 lambda m: m, device=device, device_memory=device_memory, placement=placement,
+                 profile=profile, rates=rates, where="configure")
+    return model

@@ -8,7 +8,8 @@ transformers' router stays in PyTorch and trains as usual; the dispatch, the
 experts (TierMoE's grouped host kernels) and the combine run in the engine,
 the router scores absorbed before W2 unless the experts carry a post-expert
 norm. Expert weights are read where torch holds them; trainable experts get
-their gradients in .grad like any parameter.
+their gradients in .grad like any parameter. tiermoe.configure(model, device=...)
+puts the hot experts on the device tier.
 """
 import contextlib
 import functools
@@ -16,6 +17,8 @@ import functools
 from torch.nn.utils import parametrize
 from transformers.integrations.moe import ALL_EXPERTS_FUNCTIONS
 
+from . import _tier
+from ._core import TierMoEError
 from ._families import experts_params, make_engine
 from ._lora import EngineLora, active_factors, bindable
 from ._ops import RoutedMoe, check_input, engine_for, lora_inputs, score_dtype
@@ -23,19 +26,36 @@ from ._ops import RoutedMoe, check_input, engine_for, lora_inputs, score_dtype
 NAME = "tiermoe"
 
 
+def experts_engine(experts):
+    """The engine of an experts module (made on first use)."""
+    return engine_for(experts, experts_params(experts, original=True)[0].dtype,
+                      lambda: make_engine(experts, f"{type(experts).__name__} "
+                                                   "(experts_implementation='tiermoe')"))
+
+
+def bind_original(experts):
+    """Binds the module's own expert weights (under PEFT's LoRA, the frozen ones) to its engine."""
+    experts_engine(experts).sync_experts(*experts_params(experts, original=True))
+
+
 def experts_forward(self, hidden_states, top_k_index, top_k_weights):
     """The ExpertsInterface function: out_TD = experts(hidden_states) under the given routing.
     Called inside PEFT's ParamWrappers (target_parameters), it computes their LoRA in the engine."""
-    params = experts_params(self, original=True)
-    engine = engine_for(self, params[0].dtype,
-                        lambda: make_engine(self, f"{type(self).__name__} (experts_implementation='tiermoe')"))
+    engine = experts_engine(self)
     check_input(engine.name, hidden_states, engine.dtype)
+    params = experts_params(self, original=True)
     factors, other = active_factors(self)
     lora = None
     if factors and not other and bindable(factors):
         lora = EngineLora(factors, score_dtype(engine.dtype), engine.interleaved)
     elif factors or other:
+        if self in _tier._TIERS:
+            raise TierMoEError(
+                f"{engine.name}: PEFT's expert LoRA here is one of several active adapters, or of "
+                "two ranks on gate_up_proj and down_proj, which the device tier does not run "
+                "(hint: one active adapter of one rank)")
         params = experts_params(self)  # PEFT's dense W + delta (_lora.py says when)
+    _tier.begin_step(self)
     engine.sync_experts(*params)
     return RoutedMoe.apply(engine, lora, hidden_states, top_k_index, top_k_weights, *params,
                            *lora_inputs(lora))

@@ -1,11 +1,13 @@
-"""The device tier from PyTorch (patch(device="cpu", device_memory=...)): hot experts on the
-tier's CPU backend, cold ones on the host, in the same step; every loss and every trained weight
-bitwise those of the host-only run over several steps of full fine-tuning with the placement
-moving; stats() reports the hot fraction and the bytes each way; a saved routing profile plans
-the same placement when loaded."""
+"""The device tier from PyTorch (patch(device="cpu", device_memory=...), or configure(model, ...)
+on either path): hot experts on the tier's CPU backend, cold ones on the host, in the same step;
+every loss and every trained weight bitwise those of the host-only run over several steps of
+full fine-tuning with the placement moving; stats() reports the hot fraction and the bytes each
+way; a saved routing profile plans the same placement when loaded."""
+import pytest
 import torch
 
 import tiermoe.torch
+import tiermoe.transformers  # noqa: F401
 from hf_models import batch, stock_f64, twin
 
 STEPS = 16
@@ -56,11 +58,21 @@ def budget(model):
                            if ".experts." in n) // 2
 
 
-def test_device_tier_equals_the_host_bitwise(tmp_path):
+def on_path(model, path, **tier):
+    """`model` on a TierMoE path ("patch" or "experts": experts_implementation="tiermoe"), with
+    the device tier when `tier` names one."""
+    if path == "patch":
+        return tiermoe.torch.patch(model, **tier)
+    model.set_experts_implementation("tiermoe")
+    return tiermoe.torch.configure(model, **tier) if tier else model
+
+
+@pytest.mark.parametrize("path", ["patch", "experts"])
+def test_device_tier_equals_the_host_bitwise(tmp_path, path):
     stock = stock_f64("deepseek_v3").to(torch.float32)
-    host = tiermoe.torch.patch(twin(stock))
-    tiered = tiermoe.torch.patch(twin(stock), device="cpu", placement="auto",
-                                 device_memory=budget(stock), rates=RATES)
+    host = on_path(twin(stock), path)
+    tier = dict(device="cpu", placement="auto", device_memory=budget(stock), rates=RATES)
+    tiered = on_path(twin(stock), path, **tier)
     want, _ = train(host)
     got, resident = train(tiered)
     assert got == want  # bitwise
@@ -78,10 +90,20 @@ def test_device_tier_equals_the_host_bitwise(tmp_path):
     # The routing profile, saved and loaded, plans the same placement for the first step (the
     # tier places experts when a step begins: at its first forward).
     tiermoe.torch.save_profile(tiered, tmp_path / "profile.json")
-    again = tiermoe.torch.patch(twin(stock), device="cpu", placement="auto",
-                                device_memory=budget(stock), rates=RATES,
-                                profile=str(tmp_path / "profile.json"))
+    again = on_path(twin(stock), path, **tier, profile=str(tmp_path / "profile.json"))
     assert tiermoe.torch.stats(again)["resident_experts"] == [[], []]
     with torch.no_grad():
         again(input_ids=batch())
     assert tiermoe.torch.stats(again)["resident_experts"] == resident[-1]
+
+
+def test_configure_refuses_a_model_without_tiermoe_layers_or_a_second_tier():
+    stock = stock_f64("qwen3_moe").to(torch.float32)
+    with pytest.raises(tiermoe.TierMoEError, match="run transformers' own experts"):
+        tiermoe.torch.configure(twin(stock), device="cpu", device_memory=1 << 20)
+    model = on_path(twin(stock), "experts")
+    with pytest.raises(tiermoe.TierMoEError, match="device_memory must be given"):
+        tiermoe.torch.configure(model, device="cpu")
+    tiermoe.torch.configure(model, device="cpu", device_memory=1 << 20)
+    with pytest.raises(tiermoe.TierMoEError, match="has a device tier already"):
+        tiermoe.torch.configure(model, device="cpu", device_memory=1 << 20)

@@ -7,7 +7,7 @@ gpt-oss's x-major experts with their interleaved gate and up rows included. Show
 the engine reads down_proj's A and B swapped, and gpt-oss's gate and up rows as halves."""
 import pytest
 import torch
-from peft import LoraConfig, get_peft_model
+from peft import LoraConfig, PeftModel, get_peft_model
 
 import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
@@ -24,6 +24,15 @@ def with_expert_lora(model, targets=EXPERT_PARAMS, seed=5):
                      target_parameters=targets)
     with Float64Everywhere():
         model = get_peft_model(model, cfg)
+    return randomize_adapters(model, seed)
+
+
+def with_expert_lora_function(model, seed=5):
+    """The same adapter as with_expert_lora's, from tiermoe.torch.expert_lora."""
+    with Float64Everywhere():
+        model = tiermoe.torch.expert_lora(
+            model, r=4, alpha=8, config=LoraConfig(r=4, lora_alpha=8,
+                                                   target_modules=["q_proj", "v_proj"]))
     return randomize_adapters(model, seed)
 
 
@@ -55,14 +64,16 @@ def count_folds(monkeypatch):
     return counts
 
 
+@pytest.mark.parametrize("adapt", [with_expert_lora, with_expert_lora_function],
+                         ids=["LoraConfig", "expert_lora"])
 @pytest.mark.parametrize("path,order", [("experts", None), ("patch", "peft first"),
                                         ("patch", "patch first")])
 @pytest.mark.parametrize("family", ["qwen3_moe", "mixtral", "deepseek_v3", "qwen3_5_moe",
                                     "gpt_oss"])
-def test_expert_lora_equals_stock_peft(family, path, order, monkeypatch):
+def test_expert_lora_equals_stock_peft(family, path, order, adapt, monkeypatch):
     stock = stock_f64(family)
     want = run(with_expert_lora(twin(stock)), batch())
-    model = tiered_with(stock, path, with_expert_lora, order)
+    model = tiered_with(stock, path, adapt, order)
     counts = count_folds(monkeypatch)
     report = compare(run(model, batch()), want, RTOL)
     assert counts["folds"] == 0, counts
@@ -150,3 +161,68 @@ def test_stock_peft_keeps_its_fold(monkeypatch):
     counts = count_folds(monkeypatch)
     run(with_expert_lora(twin(stock_f64("qwen3_moe"))), batch())
     assert counts["folds"] > 0 and counts.get("grads", 0) > 0, counts
+
+
+def sgd_steps(model, steps, seed):
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1)
+    losses = []
+    for k in range(steps):
+        ids = batch(seed=seed + k)
+        with Float64Everywhere():
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_expert_lora_saves_an_adapter_stock_peft_loads_and_that_loads_back_and_continues(
+        tmp_path):
+    """Experts at their own rank and alpha beside attention's (PEFT's rank_pattern and
+    alpha_pattern): trained two steps and saved; stock transformers + PEFT loads the adapter and
+    gives the same loss; loaded back into TierMoE it continues as the run that saved it."""
+    stock = stock_f64("qwen3_moe")
+    attention = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+
+    def make():
+        model = twin(stock)
+        model.set_experts_implementation("tiermoe")
+        return model
+
+    with Float64Everywhere():
+        model = tiermoe.torch.expert_lora(make(), r=2, alpha=6, config=attention)
+    randomize_adapters(model)
+    experts = model.base_model.model.model.layers[0].mlp.experts
+    assert experts.lora_A["default"].weight.shape[0] == 2 * experts.num_experts  # rank 2
+    assert experts.scaling["default"] == 3.0
+    sgd_steps(model, 2, seed=20)
+    model.save_pretrained(tmp_path)
+
+    ids = batch(seed=30)
+    with Float64Everywhere(), torch.no_grad():
+        ours = model(input_ids=ids, labels=ids).loss.item()
+        on_stock = PeftModel.from_pretrained(twin(stock), tmp_path)
+        theirs = on_stock(input_ids=ids, labels=ids).loss.item()
+    assert abs(ours - theirs) <= RTOL * abs(theirs), (ours, theirs)
+
+    with Float64Everywhere():
+        loaded = PeftModel.from_pretrained(make(), tmp_path, is_trainable=True)
+    assert sgd_steps(loaded, 2, seed=40) == sgd_steps(model, 2, seed=40)
+
+
+def test_expert_lora_refuses_what_peft_would_not_save_or_run():
+    stock = stock_f64("qwen3_moe")
+    with pytest.raises(tiermoe.TierMoEError, match="dropout"):
+        tiermoe.torch.expert_lora(twin(stock), dropout=0.1)
+    with pytest.raises(tiermoe.TierMoEError, match="lora_dropout=0.0 in config"):
+        tiermoe.torch.expert_lora(twin(stock), config=LoraConfig(target_modules=["q_proj"],
+                                                                lora_dropout=0.05))
+    with pytest.raises(tiermoe.TierMoEError, match="gate_up_proj, down_proj"):
+        tiermoe.torch.expert_lora(twin(stock), targets=("up_proj",))
+    with pytest.raises(tiermoe.TierMoEError, match="positive rank"):
+        tiermoe.torch.expert_lora(twin(stock), r=0)
+    with pytest.raises(tiermoe.TierMoEError, match="PeftModel already"):
+        tiermoe.torch.expert_lora(with_expert_lora(twin(stock)))
+    with pytest.raises(tiermoe.TierMoEError, match="no experts module"):
+        tiermoe.torch.expert_lora(torch.nn.Sequential(torch.nn.Linear(4, 4)))

@@ -1,5 +1,6 @@
 """TRL's SFTTrainer over a model whose only TierMoE line is experts_implementation="tiermoe":
-PEFT's LoRA on attention and on the experts from the trainer's peft_config, gradient
+PEFT's LoRA on attention and on the experts from the trainer's peft_config (or the experts' from
+tiermoe.torch.expert_lora), gradient
 accumulation and checkpointing; the loss falls, and the adapter trainer.save_model writes
 loads in PEFT on the stock model and gives TierMoE's eval loss there, in f64, to 1e-9."""
 import datasets
@@ -10,6 +11,7 @@ from peft import LoraConfig, PeftModel
 from tokenizers import Tokenizer, models, pre_tokenizers
 from trl import SFTConfig, SFTTrainer
 
+import tiermoe.torch
 import tiermoe.transformers  # noqa: F401
 from hf_models import Float64Everywhere, V, stock_f64
 
@@ -49,15 +51,22 @@ def base_dir(tmp_path_factory):
     return path
 
 
-def test_sft_trainer_lowers_the_loss_and_saves_a_peft_adapter(base_dir, tmp_path):
+@pytest.mark.parametrize("adapter", ["peft_config", "expert_lora"])
+def test_sft_trainer_lowers_the_loss_and_saves_a_peft_adapter(base_dir, tmp_path, adapter):
+    """The expert LoRA from the trainer's peft_config (target_parameters), or from
+    tiermoe.torch.expert_lora on the model the trainer gets."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
         base_dir, dtype=torch.float32, experts_implementation="tiermoe")
+    config = peft_config()
+    if adapter == "expert_lora":
+        config.target_parameters = None
+        model, config = tiermoe.torch.expert_lora(model, r=8, alpha=16, config=config), None
     args = SFTConfig(output_dir=str(tmp_path / "run"), max_steps=12, per_device_train_batch_size=4,
                      gradient_accumulation_steps=2, learning_rate=2e-2, logging_steps=1,
                      report_to=[], save_strategy="no", use_cpu=True, max_length=16,
                      gradient_checkpointing=True, lr_scheduler_type="constant", seed=0)
     trainer = SFTTrainer(model=model, args=args, train_dataset=corpus(),
-                         processing_class=tokenizer(), peft_config=peft_config())
+                         processing_class=tokenizer(), peft_config=config)
     trainer.train()
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
     assert len(losses) == 12 and losses[-1] < 0.8 * losses[0], losses
@@ -82,7 +91,6 @@ def test_sft_trainer_lowers_the_loss_and_saves_a_peft_adapter(base_dir, tmp_path
 
 
 def test_stats_callback_logs_the_device_tier(base_dir, tmp_path):
-    import tiermoe.torch
     import tiermoe.trl
     model = transformers.AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
     experts = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
