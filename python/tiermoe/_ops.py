@@ -9,7 +9,10 @@ packed for the grouped kernels once, and trainable ones again after each
 optimizer step.
 
 What the engine keeps for backward (a MoeSaved) points into the forward's
-inputs: each Function keeps those tensors on its ctx for as long as it lives.
+inputs: each Function keeps those tensors with it for as long as it lives.
+Under torch's non-reentrant activation checkpointing (transformers' and TRL's
+gradient_checkpointing) a Function keeps nothing in the checkpointed forward
+and takes what the recomputation inside backward kept (_keep, _kept).
 """
 import weakref
 
@@ -33,6 +36,50 @@ def _engine_view(t: torch.Tensor) -> torch.Tensor:
 
 def _from_engine(array) -> torch.Tensor:
     return torch.from_dlpack(array)
+
+
+def _checkpoint_pass():
+    """"forward" inside a forward under torch.utils.checkpoint (non-reentrant), whose saved
+    tensors are dropped and rebuilt by running the region again inside backward; "recompute" in
+    that second run; None otherwise. Read from the saved-tensor hooks checkpoint pushes (torch
+    has no public query; without it every pass keeps what it saved, which is correct, only
+    larger)."""
+    top = getattr(torch._C._autograd, "_top_saved_tensors_default_hooks", None)
+    hooks = top(False) if top is not None else None
+    if hooks is None or not getattr(hooks[0], "_checkpoint_internal", False):
+        return None
+    return "recompute" if "_recomputation_hook" in hooks[0].__qualname__ else "forward"
+
+
+def _keep(ctx, saved, tensors):
+    """Keeps a forward's MoeSaved and the tensors it points into for its backward. Under
+    checkpointing both passes save one token tensor through save_for_backward, which checkpoint
+    drops after the forward and hands the backward from the recomputation: the recomputation's
+    token carries what it kept, the forward's carries nothing."""
+    mode = _checkpoint_pass()
+    if mode is None:
+        ctx.kept = (saved, tensors)
+        return
+    ctx.kept = None
+    token = torch.empty(0)
+    if mode == "recompute":
+        token.tiermoe_kept = (saved, tensors)
+    ctx.save_for_backward(token)
+
+
+def _kept(ctx):
+    """The MoeSaved a backward reads (see _keep)."""
+    if ctx.kept is not None:
+        return ctx.kept[0]
+    (token,) = ctx.saved_tensors
+    kept = getattr(token, "tiermoe_kept", None)
+    if kept is None:
+        raise _core.TierMoEError(
+            "a TierMoE MoE block's backward found nothing the checkpoint's recomputation kept "
+            "(hint: use non-reentrant checkpointing, gradient_checkpointing_kwargs="
+            "{\"use_reentrant\": False}, transformers' default)")
+    ctx.kept = kept  # a second backward (retain_graph) reads it again
+    return kept[0]
 
 
 def check_input(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
@@ -158,7 +205,8 @@ class RoutedMoe(torch.autograd.Function):
         saved = _core.MoeSaved()
         out = _from_engine(engine.op.forward_routed(saved, x_c, ids_c, w_c, expert_grads,
                                                     adapter_grads))
-        ctx.engine, ctx.lora, ctx.saved, ctx.keep = engine, lora, saved, (x_c, w_c)
+        _keep(ctx, saved, (x_c, w_c))
+        ctx.engine, ctx.lora = engine, lora
         ctx.weights_dtype = weights.dtype
         ctx.params = params
         return out
@@ -166,8 +214,9 @@ class RoutedMoe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout):
         engine = ctx.engine
+        saved = _kept(ctx)
         _bind_lora(engine, ctx.lora)  # another forward may have bound its own since
-        dx, dweights = engine.op.backward(ctx.saved, _engine_view(dout))
+        dx, dweights = engine.op.backward(saved, _engine_view(dout))
         grads = engine.expert_grads(ctx.params, ctx.needs_input_grad[5:9])
         lora = _lora_grads(engine, ctx.lora, ctx.needs_input_grad[9:13])
         return (None, None, _from_engine(dx), None,
@@ -192,7 +241,8 @@ class BlockMoe(torch.autograd.Function):
         _bind_lora(engine, lora)
         saved = _core.MoeSaved()
         out, logits = engine.op.forward(saved, x_c, expert_grads, adapter_grads)
-        ctx.engine, ctx.lora, ctx.saved, ctx.keep = engine, lora, saved, (x_c,)
+        _keep(ctx, saved, (x_c,))
+        ctx.engine, ctx.lora = engine, lora
         ctx.router = (router_weight, router_bias)
         ctx.params = params
         return _from_engine(out), _from_engine(logits)
@@ -200,9 +250,10 @@ class BlockMoe(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlogits):
         engine = ctx.engine
+        saved = _kept(ctx)
         _bind_lora(engine, ctx.lora)
         dl = _engine_view(dlogits) if dlogits is not None else None
-        dx, _ = engine.op.backward(ctx.saved, _engine_view(dout), dl)
+        dx, _ = engine.op.backward(saved, _engine_view(dout), dl)
         weight, bias = ctx.router
         dw = (_from_engine(engine.op.grad("router.weight")).to(weight.dtype)
               if ctx.needs_input_grad[3] else None)

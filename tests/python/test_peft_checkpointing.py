@@ -1,6 +1,7 @@
 """Both entry points under what fine-tuning adds around them: PEFT's LoRA on attention (applied
-before or after patch), gradient checkpointing, and save_pretrained writing the stock layout.
-Stock transformers + PEFT in f64 is the reference, to 1e-9 relative."""
+before or after patch), gradient checkpointing (where the MoE blocks keep nothing between
+forward and backward), and save_pretrained writing the stock layout. Stock transformers + PEFT
+in f64 is the reference, to 1e-9 relative."""
 import contextlib
 
 import pytest
@@ -55,6 +56,46 @@ def test_gradient_checkpointing_equals_stock(family, path):
         "context_fn": lambda: (contextlib.nullcontext(), Float64Everywhere())})
     assert model.is_gradient_checkpointing
     compare(run(model, batch()), want, RTOL)
+    # Between forward and backward the blocks keep nothing: the recomputation rebuilds it.
+    model.zero_grad(set_to_none=True)
+    with Float64Everywhere():
+        loss = model(input_ids=batch(), labels=batch()).loss
+    nodes = moe_nodes(loss)
+    assert len(nodes) == moe_layers(model) and all(n.kept is None for n in nodes)
+    with Float64Everywhere():
+        loss.backward()
+    assert all(n.kept is not None for n in nodes)  # what the recomputation kept, read
+
+
+def moe_layers(model):
+    return sum(1 for m in model.modules() if "gate_up_proj" in m._parameters)
+
+
+def moe_nodes(loss):
+    """The engine's autograd nodes (RoutedMoe's or BlockMoe's) in the graph of `loss`."""
+    seen, todo, found = set(), [loss.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        if type(node).__name__ in ("RoutedMoeBackward", "BlockMoeBackward"):
+            found.append(node)
+        todo.extend(n for n, _ in node.next_functions)
+    return found
+
+
+@pytest.mark.parametrize("path", ["experts", "patch"])
+def test_without_checkpointing_the_blocks_keep_their_saves(path):
+    model = twin(stock_f64("qwen3_moe"))
+    if path == "experts":
+        model.set_experts_implementation("tiermoe")
+    else:
+        tiermoe.torch.patch(model)
+    with Float64Everywhere():
+        loss = model(input_ids=batch(), labels=batch()).loss
+    nodes = moe_nodes(loss)
+    assert len(nodes) == moe_layers(model) and all(n.kept for n in nodes)
 
 
 @pytest.mark.parametrize("path", ["experts", "patch"])
