@@ -11,10 +11,10 @@
 #   3. the same model and batch through TRL's SFTTrainer, LoRA on attention
 #      and the experts: stock (the trainer's peft_config) against
 #      experts_implementation="tiermoe" with tiermoe.torch.expert_lora, with
-#      peak RSS (trl_step.py);
+#      peak RSS, without and with gradient checkpointing (trl_step.py);
 # with `tiermoe bench peak` before and after. Uses make test's venv and the
 # package built in build/python (make test builds both). Not part of make
-# test: about 20 minutes on 2 cores. Output: build/compare-python/.
+# test: about 25 minutes on 2 cores. Output: build/compare-python/.
 #   STEPS=3  THREADS=all  VENV=~/.cache/tiermoe/venv  PARTS="block step trl"
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -63,10 +63,12 @@ if [[ $parts == *" step "* ]]; then
 fi
 if [[ $parts == *" trl "* ]]; then
   : >"$work/trl-step.jsonl"
-  for impl in stock tiermoe; do
-    "$py" "$here/trl_step.py" --model "$ckpt" --data "$tokens" --impl $impl --dtype bf16 \
-      --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" |
-      tail -n 1 | tee -a "$work/trl-step.jsonl"
+  for gc in "" --gradient-checkpointing; do  # TRL's default is with
+    for impl in stock tiermoe; do
+      "$py" "$here/trl_step.py" --model "$ckpt" --data "$tokens" --impl $impl --dtype bf16 \
+        --batch $B --seq-len $L --steps "$steps" --warmup 1 --threads "$threads" $gc |
+        tail -n 1 | tee -a "$work/trl-step.jsonl"
+    done
   done
 fi
 "$tiermoe" bench peak --threads "$threads" --json | tail -n 1 >"$work/peak-after.json"
