@@ -253,13 +253,14 @@ void HostExperts::backward_experts(Tensor& dx_ND, Tensor& dscore_N, const Tensor
                                    bool adapter_grads, const std::vector<uint8_t>& skip_E) {
   const bool post_norm = experts_->config().post_norm;
   if (weight_grads) experts_->allocate_grads();
+  const ExpertAdapted ad = adapted();
   if (ExpertPacks::applies(*experts_)) {
-    const ExpertRowsActs all = rows_of(saved, false, weight_grads, false, 0, dy_ND.size(0));
+    const ExpertRowsActs all = rows_of(saved, false, weight_grads || (adapter_grads && ad.w13),
+                                       adapter_grads, 0, dy_ND.size(0));
     grouped_experts_backward(*experts_, dx_ND, dscore_N, dy_ND, all, offset_E, score_N,
                              weight_grads, skip_E);
     return;
   }
-  const ExpertAdapted ad = adapted();
   // Rows of experts that got none stay untouched by the loop; padded rows
   // inside an expert's block are computed like any other (their dy is 0).
   for_each_expert(

@@ -32,7 +32,7 @@ bool ExpertPacks::applies(const GroupedExperts& experts) {
   const ExpertsConfig& cfg = experts.config();
   const DType dt = experts.dtype();
   if (!experts.packs().enabled() || cfg.kernels != KernelSet::cpu || !computes_in(dt) ||
-      experts.adapter() || cfg.post_norm || cfg.num_experts == 0) {
+      cfg.post_norm || cfg.num_experts == 0) {
     return false;
   }
   if (experts.quantized()) return true;  // read as stored: no packed copies to fit
@@ -143,6 +143,57 @@ Tensor rows_or_none(const Tensor& t, int64_t b, int64_t e) {
 
 }  // namespace
 
+namespace {
+
+Tensor rows_of_expert(const Tensor& t, const std::vector<int64_t>& offset_E, int64_t e) {
+  return t.rows(offset_E[size_t(e)], offset_E[size_t(e) + 1]);
+}
+
+// An adapter's gate/up branches added to W13's output h (bias included), and
+// the activation and W2's input rebuilt from it: the per-expert path's order
+// (expert_w13_forward, expert_act_forward, expert_w2_forward's scaling), so
+// the bits are that path's.
+void adapt_w13_forward(const GroupedExperts& experts, ExpertRowsActs& all, Tensor& w2_in,
+                       const Tensor& x_ND, const std::vector<int64_t>& offset_E,
+                       const Tensor& score_N, const std::vector<uint8_t>& skip_E) {
+  const ExpertAdapter& ad = *experts.adapter();
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        auto rows = [&](const Tensor& t) { return rows_of_expert(t, offset_E, e); };
+        Tensor h = rows(all.h_M2F), a = rows(all.a_MF), x = rows(x_ND);
+        for (auto [p, u] : {std::pair{ExpertLinear::gate, &all.lora_gate_MR},
+                            std::pair{ExpertLinear::up, &all.lora_up_MR}}) {
+          if (!ad.adapts(p)) continue;
+          Tensor u_rows = rows(*u);
+          ad.forward_rows(p, e, h, u_rows, x);
+        }
+        expert_act_forward(experts.math_without_matrices(e), a, h);
+        if (score_N.defined()) {
+          Tensor in = rows(w2_in);
+          scale_rows_forward(in, a, rows(score_N));
+        }
+      },
+      skip_E);
+}
+
+// The down adapter's branch added to W2's output.
+void adapt_w2_forward(const GroupedExperts& experts, Tensor& y_ND, ExpertRowsActs& all,
+                      const Tensor& w2_in, const std::vector<int64_t>& offset_E,
+                      const std::vector<uint8_t>& skip_E) {
+  const ExpertAdapter& ad = *experts.adapter();
+  for_each_expert(
+      offset_E,
+      [&](int64_t e) {
+        Tensor y = rows_of_expert(y_ND, offset_E, e);
+        Tensor u = rows_of_expert(all.lora_down_MR, offset_E, e);
+        ad.forward_rows(ExpertLinear::down, e, y, u, rows_of_expert(w2_in, offset_E, e));
+      },
+      skip_E);
+}
+
+}  // namespace
+
 void grouped_experts_forward(const GroupedExperts& experts, Tensor& y_ND, ExpertRowsActs& all,
                              const Tensor& x_ND, const std::vector<int64_t>& offset_E,
                              const Tensor& score_N, const std::vector<uint8_t>& skip_E) {
@@ -152,12 +203,20 @@ void grouped_experts_forward(const GroupedExperts& experts, Tensor& y_ND, Expert
   ExpertPacks& packs = experts.packs();
   const PackedWeights& w13 = packs.get(experts, ExpertPack::w13_glu);
   const PackedWeights& w2 = packs.get(experts, ExpertPack::w2);
+  const ExpertAdapter* ad = experts.adapter();
   // W2's input: the activation scaled by the score (absorbed), else itself.
   Tensor w2_in = score_N.defined() ? Tensor::empty({N, F}, experts.dtype()) : all.a_MF;
   cpu::grouped_glu_forward(all.h_M2F, all.a_MF, w2_in, x_ND, offset_E, w13,
                            param_or_none(experts, "b13", cfg.bias), score_N, skip_E);
+  // An adapter's gate/up branches change h: its activation is taken again
+  // (elementwise: a small cost beside the products the grouped kernels save).
+  if (ad && (ad->adapts(ExpertLinear::gate) || ad->adapts(ExpertLinear::up))) {
+    adapt_w13_forward(experts, all, w2_in, x_ND, offset_E, score_N, skip_E);
+  }
   cpu::grouped_matmul(y_ND, w2_in, offset_E, w2, param_or_none(experts, "b2", cfg.bias), score_N,
                       skip_E);
+  if (ad && ad->adapts(ExpertLinear::down))
+    adapt_w2_forward(experts, y_ND, all, w2_in, offset_E, skip_E);
 }
 
 void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& dscore_N,
@@ -178,6 +237,15 @@ void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& ds
   TIERMOE_CHECK(!(weight_grads || absorbed) || all.a_MF.defined(),
                 "this backward needs the activation a_NF, which forward did not keep",
                 experts.name(), "keep a_NF (or rebuild it by replay) for weight grads or absorbed scores");
+  ExpertAdapter* ad = experts.adapter();
+  const bool lora_w13 = all.lora_gate_MR.defined() || all.lora_up_MR.defined();
+  const bool lora_down = all.lora_down_MR.defined();
+  TIERMOE_CHECK(!lora_w13 || all.x_MD.defined(),
+                "the gate/up adapters' backward needs the expert inputs x_ND", experts.name(),
+                "keep x_ND (or rebuild it by replay) when the experts carry gate/up adapters");
+  TIERMOE_CHECK(!lora_down || all.a_MF.defined(),
+                "the down adapter's backward needs the activation a_NF", experts.name(),
+                "keep a_NF (or rebuild it by replay) when the experts carry a down adapter");
   // Expert e's view of the call: its rows of the saves, scores, dscore.
   struct Rows {
     ExpertMath m;
@@ -223,6 +291,25 @@ void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& ds
       });
   Tensor da_NF = Tensor::empty({N, F}, dt);
   cpu::grouped_matmul(da_NF, dy_ND, offset_E, w2_dx, Tensor(), Tensor(), skip_E);
+  // The adapters' backward at the per-expert path's points (expert_backward):
+  // down's into da before the activation's backward, gate's and up's into dx
+  // after W13's.
+  if (lora_down) {
+    for_each_expert(
+        offset_E,
+        [&](int64_t e) {
+          Rows r = rows_of(e);
+          Tensor w2_in = r.acts.a_MF;  // W2's input, rebuilt as expert_backward_w2_side does
+          if (absorbed) {
+            w2_in = Tensor::empty(r.acts.a_MF.shape(), dt);
+            scale_rows_forward(w2_in, r.acts.a_MF, r.score);
+          }
+          Tensor da = rows(da_NF, e);
+          ad->backward_rows(ExpertLinear::down, e, da, rows(dy_ND, e), w2_in,
+                            rows(all.lora_down_MR, e));
+        },
+        skip_E);
+  }
   Tensor dh_N2F = Tensor::empty({N, 2 * F}, dt);
   each_expert(
       [&](int64_t e, Rows& r, ExpertGrads* sum) {
@@ -235,6 +322,20 @@ void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& ds
         return part;
       });
   cpu::grouped_matmul(dx_ND, dh_N2F, offset_E, w13_dx, Tensor(), Tensor(), skip_E);
+  if (lora_w13) {
+    for_each_expert(
+        offset_E,
+        [&](int64_t e) {
+          Tensor dx = rows(dx_ND, e), dh = rows(dh_N2F, e), x = rows(all.x_MD, e);
+          if (all.lora_gate_MR.defined()) {
+            ad->backward_rows(ExpertLinear::gate, e, dx, dh, x, rows(all.lora_gate_MR, e));
+          }
+          if (all.lora_up_MR.defined()) {
+            ad->backward_rows(ExpertLinear::up, e, dx, dh, x, rows(all.lora_up_MR, e));
+          }
+        },
+        skip_E);
+  }
 }
 
 }  // namespace tiermoe

@@ -253,7 +253,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
     at(p, MemTag::mapped) -= copied;
     at(p, MemTag::weights) += copied;
   }
-  // Frozen experts without adapters run on the grouped kernels, which keep
+  // Frozen experts (their adapters' branches beside them) run on the grouped kernels, which keep
   // packed copies of every MoE layer's stacks (moe/expert_kernels.h) under
   // `weights`, at the run's width: when the experts' weights are stored as
   // the run computes or as bf16 in an f32 run (widened while packing), on a
@@ -264,8 +264,7 @@ MemoryPlan plan_memory(const TrainConfig& cfg, const ModelConfig& c,
   // Quantized experts run on the grouped kernels too, read as stored.
   const bool low_width = quantized || mxfp4_kept || stored_kept;
   const bool packable = low_width || !keep_stored || PackedWeights::reads(stored->dtype, dt);
-  const bool grouped =
-      lora && !lora_w13 && !lora_w2 && El > 0 && ExpertPacks::computes_in(dt) && packable;
+  const bool grouped = lora && El > 0 && ExpertPacks::computes_in(dt) && packable;
   int64_t packed_layers = 0;
   if (grouped) {
     const uint64_t stack =

@@ -241,6 +241,139 @@ TEST_P(ExpertKernels, QuantizedExpertsEqualTheirDequantizedWeights) {
   EXPECT_LT(quant.weight_bytes(), widened.weight_bytes() / (dt == DType::bf16 ? 2 : 5));
 }
 
+// A plain per-expert LoRA (u = x A^T, y's columns += u B^T; backward adds
+// dx, and accumulates dA and dB), in f64 arithmetic: both paths call it with
+// the same rows, so their bits can only differ where the paths do.
+class PlainAdapter final : public ExpertAdapter {
+ public:
+  // gate_proj takes W13's output columns {gate, 2}..., up_proj {up, 2}...
+  // (gpt-oss's interleaving) or [0, F) and [F, 2F): whichever the experts use.
+  PlainAdapter(int64_t E, int64_t D, int64_t F, bool interleaved, Rng& rng)
+      : F_(F), interleaved_(interleaved) {
+    for (int p = 0; p < 3; ++p) {
+      const int64_t in = p == 2 ? F : D, out = p == 2 ? D : F;
+      A_[p] = random_tensor({E, kR, in}, DType::f32, rng);
+      B_[p] = random_tensor({E, out, kR}, DType::f32, rng);
+      dA_[p] = Tensor::zeros(A_[p].shape(), DType::f32);
+      dB_[p] = Tensor::zeros(B_[p].shape(), DType::f32);
+    }
+  }
+  bool adapts(ExpertLinear) const override { return true; }
+  int64_t rank() const override { return kR; }
+  DType dtype() const override { return DType::f32; }
+  void forward_rows(ExpertLinear p, int64_t e, Tensor& y, Tensor& u,
+                    const Tensor& x) const override {
+    const int i = int(p);
+    const int64_t M = x.size(0), I = x.size(1), O = B_[i].size(1);
+    for (int64_t m = 0; m < M; ++m) {
+      for (int64_t r = 0; r < kR; ++r) {
+        double s = 0;
+        for (int64_t k = 0; k < I; ++k) s += x.get(m * I + k) * A_[i].get((e * kR + r) * I + k);
+        u.set(m * kR + r, s);
+      }
+      for (int64_t o = 0; o < O; ++o) {
+        double s = 0;
+        for (int64_t r = 0; r < kR; ++r) s += u.get(m * kR + r) * B_[i].get((e * O + o) * kR + r);
+        const int64_t at = m * y.size(1) + column(p, o);
+        y.set(at, y.get(at) + s);
+      }
+    }
+  }
+  void backward_rows(ExpertLinear p, int64_t e, Tensor& dx, const Tensor& dy, const Tensor& x,
+                     const Tensor& u) override {
+    const int i = int(p);
+    const int64_t M = x.size(0), I = x.size(1), O = B_[i].size(1);
+    for (int64_t m = 0; m < M; ++m) {
+      std::vector<double> du(kR, 0.0);
+      for (int64_t o = 0; o < O; ++o) {
+        const double g = dy.get(m * dy.size(1) + column(p, o));
+        for (int64_t r = 0; r < kR; ++r) {
+          du[size_t(r)] += g * B_[i].get((e * O + o) * kR + r);
+          const int64_t at = (e * O + o) * kR + r;
+          dB_[i].set(at, dB_[i].get(at) + g * u.get(m * kR + r));
+        }
+      }
+      for (int64_t r = 0; r < kR; ++r) {
+        for (int64_t k = 0; k < I; ++k) {
+          const int64_t at = (e * kR + r) * I + k;
+          dA_[i].set(at, dA_[i].get(at) + du[size_t(r)] * x.get(m * I + k));
+          dx.set(m * I + k, dx.get(m * I + k) + du[size_t(r)] * A_[i].get(at));
+        }
+      }
+    }
+  }
+  std::vector<Tensor> grads() const {
+    return {dA_[0].clone(), dB_[0].clone(), dA_[1].clone(),
+            dB_[1].clone(), dA_[2].clone(), dB_[2].clone()};
+  }
+  void zero_grad() {
+    for (int p = 0; p < 3; ++p) dA_[p].zero(), dB_[p].zero();
+  }
+
+ private:
+  static constexpr int64_t kR = 3;
+  int64_t column(ExpertLinear p, int64_t o) const {
+    if (p == ExpertLinear::down) return o;
+    const int64_t first = p == ExpertLinear::gate ? 0 : 1;
+    return interleaved_ ? 2 * o + first : first * F_ + o;
+  }
+  int64_t F_;
+  bool interleaved_;
+  Tensor A_[3], B_[3], dA_[3], dB_[3];
+};
+
+// Experts carrying an adapter run on the grouped kernels (the adapter's
+// branches beside them) with the bits of the per-expert path they took
+// before: outputs, saves, dx, dscore, the experts' and the adapter's grads.
+TEST_P(ExpertKernels, AnAdapterOnTheGroupedKernelsGivesThePerExpertBits) {
+  const auto [isa, dt, variant, absorbed] = GetParam();
+  Rng rng(89);
+  const ExpertsConfig cfg = testing::experts_config(variant, int64_t(kRows.size()), kD, kF);
+  GroupedExperts ex(cfg, dt);
+  testing::fill_experts(ex, rng, 0.3);
+  PlainAdapter adapter(cfg.num_experts, kD, kF, cfg.activation == ExpertActivation::gpt_oss, rng);
+  ex.set_adapter(&adapter);
+  const int64_t N = offsets().back();
+  const Tensor x = random_tensor({N, kD}, dt, rng), dy = random_tensor({N, kD}, dt, rng);
+  const Tensor score = absorbed ? random_scores(N, rng) : Tensor();
+  for (bool weight_grads : {true, false}) {
+    auto run = [&](bool grouped) {
+      ex.packs().set_enabled(grouped);
+      EXPECT_EQ(ExpertPacks::applies(ex), grouped);
+      adapter.zero_grad();
+      const std::vector<int64_t> off = offsets();
+      HostExperts host(ex);
+      Outputs r;
+      r.y = Tensor::empty({N, kD}, dt);
+      SavedTensors saved("experts");
+      host.forward(r.y, x, off, score, saved, ExpertSaves{});
+      r.h = saved.get("h_N2F").clone();
+      r.a = saved.get("a_NF").clone();
+      ex.zero_grad();
+      r.dx = Tensor::empty({N, kD}, dt);
+      r.dscore = Tensor::zeros({N}, DType::f32);
+      host.backward(r.dx, r.dscore, dy, off, score, saved, weight_grads, true);
+      if (weight_grads) {
+        for (const auto& n : ex.param_names()) r.grads.push_back(ex.grad(n).clone());
+      }
+      for (Tensor& g : adapter.grads()) r.grads.push_back(std::move(g));
+      return r;
+    };
+    const Outputs got = run(true);
+    const Outputs want = run(false);
+    std::vector<std::string> names = weight_grads ? ex.param_names() : std::vector<std::string>{};
+    for (const char* n : {"gate.A", "gate.B", "up.A", "up.B", "down.A", "down.B"}) {
+      names.push_back(std::string("lora.") + n);
+    }
+    expect_same(got, want, names, weight_grads ? "full" : "dx only");
+    // The adapter changed the output: the comparison is not of the base alone.
+    ex.set_adapter(nullptr);
+    const Outputs base = host_run(ex, x, dy, score, false);
+    ex.set_adapter(&adapter);
+    EXPECT_FALSE(bitwise_equal(base.y, got.y, "y without the adapter"));
+  }
+}
+
 // Packed once: a second step with unchanged weights packs nothing; after an
 // in-place change announced by weights_changed() (the optimizer step's
 // path) the results follow the new weights.

@@ -45,7 +45,7 @@ class ExpertPacks {
   // Whether the grouped kernels run these experts now: cpu kernels, an f32
   // or bf16 run whose expert weights are stored as it computes or narrower
   // (bf16 in an f32 run, widened while packing), stacked or bound one expert
-  // at a time, no adapter, no postprocess, a TierMoE ISA (not onednn), not
+  // at a time, no postprocess, a TierMoE ISA (not onednn), not
   // turned off here, and packed copies that fit (fits_host_memory).
   static bool applies(const GroupedExperts& experts);
   // The part of that rule a memory plan can check before any expert exists:
@@ -94,6 +94,9 @@ class ExpertPacks {
 
 // The rows of every expert not in skip_E (one flag per expert, or empty):
 // y_ND and all.h_M2F, all.a_MF (N-row buffers) written, as forward_rows.
+// An adapter's branches (all.lora_*_MR written) run per expert beside the
+// grouped products, at forward_rows' points and with its bits; so do their
+// backward, which reads all.lora_*_MR and all.x_MD where defined.
 void grouped_experts_forward(const GroupedExperts& experts, Tensor& y_ND, ExpertRowsActs& all,
                              const Tensor& x_ND, const std::vector<int64_t>& offset_E,
                              const Tensor& score_N, const std::vector<uint8_t>& skip_E);
