@@ -14,6 +14,7 @@ Under torch's non-reentrant activation checkpointing (transformers' and TRL's
 gradient_checkpointing) a Function keeps nothing in the checkpointed forward
 and takes what the recomputation inside backward kept (_keep, _kept).
 """
+import sys
 import weakref
 
 import torch
@@ -94,6 +95,44 @@ def check_input(name: str, x: torch.Tensor, dtype: torch.dtype) -> None:
             "(hint: load the model in one dtype, e.g. from_pretrained(..., dtype=torch.bfloat16))")
 
 
+# Corrections to tensors' version counters, by id (dropped with the tensor): a binding is
+# renewed when a tensor's corrected version moves. See adjust_version.
+_VERSION_OFFSETS = {}
+
+
+def adjust_version(t: torch.Tensor, by: int) -> None:
+    """Corrects t's version counter by `by`: negative for moves that changed no value (PEFT's
+    parametrization sets a frozen weight to itself at every forward), positive for changes made
+    through t.data, which move none (PEFT's merge and unmerge)."""
+    if not by:
+        return
+    key = id(t)
+    if key not in _VERSION_OFFSETS:
+        weakref.finalize(t, _VERSION_OFFSETS.pop, key, None)
+    _VERSION_OFFSETS[key] = _VERSION_OFFSETS.get(key, 0) + by
+
+
+def _version(t: torch.Tensor) -> int:
+    return t._version + _VERSION_OFFSETS.get(id(t), 0)
+
+
+def _watch_peft_merges() -> None:
+    """Once PEFT is loaded: its ParamWrapper.merge and unmerge (expert LoRA folded into the
+    weights and out again) write through param.data, which moves no version counter; each is
+    recorded as a change of the weight, so that packed copies of it are rebuilt."""
+    layer = sys.modules.get("peft.tuners.lora.layer")
+    wrapper = getattr(layer, "ParamWrapper", None) if layer is not None else None
+    if wrapper is None or getattr(wrapper.merge, "_tiermoe", False):
+        return
+    for name in ("merge", "unmerge"):
+        def recorded(self, *args, _fn=getattr(wrapper, name), **kwargs):
+            out = _fn(self, *args, **kwargs)
+            adjust_version(getattr(self.get_base_layer(), self.parameter_name), 1)
+            return out
+        recorded._tiermoe = True
+        setattr(wrapper, name, recorded)
+
+
 class EngineMoe:
     """One MoE module's engine op and the torch tensors it reads."""
 
@@ -111,10 +150,11 @@ class EngineMoe:
 
     @staticmethod
     def _key(tensors):
-        return tuple((t.data_ptr(), t._version) if t is not None else None for t in tensors)
+        return tuple((t.data_ptr(), _version(t)) if t is not None else None for t in tensors)
 
     def sync_experts(self, w13, w2, b13=None, b2=None):
         """Binds the experts' weights (HF layout) unless they are unchanged since the last bind."""
+        _watch_peft_merges()
         key = self._key((w13, w2, b13, b2))
         if key == self._experts_key:
             return

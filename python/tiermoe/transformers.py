@@ -21,7 +21,7 @@ from . import _tier
 from ._core import TierMoEError
 from ._families import experts_params, make_engine
 from ._lora import EngineLora, active_factors, bindable
-from ._ops import RoutedMoe, check_input, engine_for, lora_inputs, score_dtype
+from ._ops import RoutedMoe, adjust_version, check_input, engine_for, lora_inputs, score_dtype
 
 NAME = "tiermoe"
 
@@ -70,7 +70,12 @@ def _skip_peft_fold_check():
     W + scaling * B A of the whole expert stack, which nothing reads when TierMoE computes the
     adapter from its factors (about 2 s of a 4.9 s step at Qwen3-30B-A3B shapes, docs/python.md). For
     experts modules that run in TierMoE only, PEFT's registration is made with unsafe=True, which
-    skips that check and nothing else (no right_inverse runs for PEFT's proxy either way)."""
+    skips that check and nothing else (no right_inverse runs for PEFT's proxy either way).
+
+    The registration also sets the frozen weight to itself (original.set_(original), so that
+    optimizers keep their tensor), which moves its version counter without changing a value:
+    those moves are recorded (_ops.adjust_version), so that the engine does not re-pack
+    the experts at every forward as it would for a changed weight."""
     try:
         from peft.tuners.lora.layer import ParamWrapper
     except ImportError:
@@ -87,7 +92,16 @@ def _skip_peft_fold_check():
                 yield
             return
         register = parametrize.register_parametrization
-        parametrize.register_parametrization = functools.partial(register, unsafe=True)
+
+        def register_unchecked(module, name, parametrization, unsafe=False):
+            before = getattr(module, name) if not parametrize.is_parametrized(module, name) else None
+            version = before._version if before is not None else None
+            register(module, name, parametrization, unsafe=True)
+            after = module.parametrizations[name].original
+            if before is not None and after is before:
+                adjust_version(after, version - after._version)
+
+        parametrize.register_parametrization = register_unchecked
         try:
             with activate(self, active_adapters):
                 parametrize.register_parametrization = register

@@ -56,3 +56,33 @@ def test_trainable_experts_are_repacked_after_each_step(path):
     per_step = [[b - a for a, b in zip(x, y)] for x, y in zip(counts, counts[1:])]
     assert all(d == counts[0] for d in per_step), f"packs per step {per_step}, first {counts[0]}"
     assert all(c > 0 for c in counts[0])
+
+
+@pytest.mark.parametrize("path", ["experts", "patch"])
+def test_experts_under_expert_lora_are_packed_once_and_again_after_a_merge(path):
+    """PEFT's expert LoRA leaves the frozen weights to the grouped kernels (its branches run
+    beside them). PEFT registers its parametrization at every forward, which sets each weight to
+    itself and moves its version counter; that is not a change, so nothing is repacked. Merging
+    the adapter into the weights is one, and the engine's next forward reads the merged weights."""
+    model = tiermoe.torch.expert_lora(bf16_model(path), r=2, alpha=4)
+    counts = train_steps_of_adapters(model, 4)
+    assert all(c > 0 for c in counts[0]), f"the grouped kernels never packed: {counts[0]}"
+    assert counts[-1] == counts[0], f"frozen experts under expert LoRA repacked: {counts}"
+    with torch.no_grad():
+        before = model(input_ids=batch()).logits
+        model.merge_adapter()
+        merged = model(input_ids=batch()).logits
+        model.unmerge_adapter()
+    assert pack_counts(model) != counts[-1], "the merged weights were not packed"
+    assert (merged - before).abs().max() <= 0.05 * before.abs().max()  # the same model, in bf16
+
+
+def train_steps_of_adapters(model, steps):
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    counts = []
+    for _ in range(steps):
+        model(input_ids=batch(), labels=batch()).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        counts.append(pack_counts(model))
+    return counts
