@@ -70,7 +70,7 @@ std::vector<int64_t> offsets() {
 
 // Forward and backward (dx, dscore, weight grads) through HostExperts.
 Outputs host_run(GroupedExperts& ex, const Tensor& x, const Tensor& dy, const Tensor& score,
-             bool weight_grads) {
+             bool weight_grads, bool adapter_grads = false) {
   const std::vector<int64_t> off = offsets();
   const int64_t N = x.size(0);
   HostExperts host(ex);
@@ -83,7 +83,7 @@ Outputs host_run(GroupedExperts& ex, const Tensor& x, const Tensor& dy, const Te
   ex.zero_grad();
   r.dx = Tensor::empty({N, kD}, ex.dtype());
   r.dscore = Tensor::zeros({N}, DType::f32);
-  host.backward(r.dx, r.dscore, dy, off, score, saved, weight_grads, false);
+  host.backward(r.dx, r.dscore, dy, off, score, saved, weight_grads, adapter_grads);
   if (weight_grads) {
     for (const auto& n : ex.param_names()) r.grads.push_back(ex.grad(n).clone());
   }
@@ -341,21 +341,7 @@ TEST_P(ExpertKernels, AnAdapterOnTheGroupedKernelsGivesThePerExpertBits) {
       ex.packs().set_enabled(grouped);
       EXPECT_EQ(ExpertPacks::applies(ex), grouped);
       adapter.zero_grad();
-      const std::vector<int64_t> off = offsets();
-      HostExperts host(ex);
-      Outputs r;
-      r.y = Tensor::empty({N, kD}, dt);
-      SavedTensors saved("experts");
-      host.forward(r.y, x, off, score, saved, ExpertSaves{});
-      r.h = saved.get("h_N2F").clone();
-      r.a = saved.get("a_NF").clone();
-      ex.zero_grad();
-      r.dx = Tensor::empty({N, kD}, dt);
-      r.dscore = Tensor::zeros({N}, DType::f32);
-      host.backward(r.dx, r.dscore, dy, off, score, saved, weight_grads, true);
-      if (weight_grads) {
-        for (const auto& n : ex.param_names()) r.grads.push_back(ex.grad(n).clone());
-      }
+      Outputs r = host_run(ex, x, dy, score, weight_grads, /*adapter_grads=*/true);
       for (Tensor& g : adapter.grads()) r.grads.push_back(std::move(g));
       return r;
     };

@@ -29,10 +29,13 @@ def pack_counts(model):
     return [_ops._ENGINES[m].op.pack_stats()["packs"] for m in model.modules() if m in _ops._ENGINES]
 
 
-def train_steps(model, steps, train_experts):
-    for m in experts_modules(model):
-        m.gate_up_proj.requires_grad_(train_experts)
-        m.down_proj.requires_grad_(train_experts)
+def train_steps(model, steps, train_experts=None):
+    """SGD steps; pack counts after each. train_experts: whether the experts train (None: as
+    they are)."""
+    if train_experts is not None:
+        for m in experts_modules(model):
+            m.gate_up_proj.requires_grad_(train_experts)
+            m.down_proj.requires_grad_(train_experts)
     opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
     counts = []
     for _ in range(steps):
@@ -65,7 +68,7 @@ def test_experts_under_expert_lora_are_packed_once_and_again_after_a_merge(path)
     itself and moves its version counter; that is not a change, so nothing is repacked. Merging
     the adapter into the weights is one, and the engine's next forward reads the merged weights."""
     model = tiermoe.torch.expert_lora(bf16_model(path), r=2, alpha=4)
-    counts = train_steps_of_adapters(model, 4)
+    counts = train_steps(model, 4)
     assert all(c > 0 for c in counts[0]), f"the grouped kernels never packed: {counts[0]}"
     assert counts[-1] == counts[0], f"frozen experts under expert LoRA repacked: {counts}"
     with torch.no_grad():
@@ -75,14 +78,3 @@ def test_experts_under_expert_lora_are_packed_once_and_again_after_a_merge(path)
         model.unmerge_adapter()
     assert pack_counts(model) != counts[-1], "the merged weights were not packed"
     assert (merged - before).abs().max() <= 0.05 * before.abs().max()  # the same model, in bf16
-
-
-def train_steps_of_adapters(model, steps):
-    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-3)
-    counts = []
-    for _ in range(steps):
-        model(input_ids=batch(), labels=batch()).loss.backward()
-        opt.step()
-        opt.zero_grad()
-        counts.append(pack_counts(model))
-    return counts
