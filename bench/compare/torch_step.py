@@ -13,7 +13,6 @@ median step seconds after --warmup steps, tokens/s and the losses.
 """
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
@@ -22,22 +21,15 @@ import time
 import numpy as np
 import torch
 
+from step_args import add_step_args
+
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, help="a .npy of token ids (step.sh writes one)")
+    add_step_args(p, dtype="f32")
     p.add_argument("--mode", choices=["lora", "full"], default="lora")
-    p.add_argument("--dtype", choices=["f32", "bf16"], default="f32")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--lora-alpha", type=float, default=16)
     p.add_argument("--lora-targets", default="q_proj,k_proj,v_proj,o_proj")
     p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--experts", choices=["grouped_mm", "eager", "tiermoe", "patch"],
                    default="grouped_mm")
     p.add_argument("--expert-lora", action="store_true",

@@ -12,7 +12,6 @@ median after --warmup steps, tokens/s, peak RSS and the losses.
 """
 import argparse
 import json
-import os
 import resource
 import statistics
 import sys
@@ -21,6 +20,8 @@ import time
 
 import numpy as np
 import torch
+
+from step_args import add_step_args
 
 
 def tokenizer(vocab_size):
@@ -35,17 +36,8 @@ def tokenizer(vocab_size):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--model", required=True)
-    p.add_argument("--data", required=True, help="a .npy of token ids")
+    add_step_args(p, dtype="bf16")
     p.add_argument("--impl", choices=["stock", "tiermoe"], required=True)
-    p.add_argument("--dtype", choices=["f32", "bf16"], default="bf16")
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--seq-len", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=3, help="timed steps")
-    p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--lora-rank", type=int, default=8)
-    p.add_argument("--lora-alpha", type=float, default=16)
-    p.add_argument("--threads", type=int, default=os.cpu_count())
     p.add_argument("--gradient-checkpointing", action="store_true")
     args = p.parse_args()
 

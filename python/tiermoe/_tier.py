@@ -67,11 +67,11 @@ def _after_optimizer_step(optimizer, args, kwargs):
         state.end()
 
 
-def attach(modules: List[torch.nn.Module], engines: List[EngineMoe],
-           experts: List[torch.nn.Module], bind, experts_of, *, device: str,
-           device_memory: Optional[int], placement: str, profile: Optional[str],
+def attach(modules: List[torch.nn.Module], engines: List[EngineMoe], bind, experts_of, *,
+           device: str, device_memory: Optional[int], placement: str, profile: Optional[str],
            rates: Optional[tuple], where: str) -> None:
-    """Puts the layers `engines` (of `modules`, whose experts modules are `experts`) on one tier."""
+    """Puts the layers `engines` (of `modules`; experts_of(module) is its experts module) on one
+    tier."""
     global _STEP_HOOK
     if device_memory is None:
         raise _core.TierMoEError(
@@ -81,6 +81,7 @@ def attach(modules: List[torch.nn.Module], engines: List[EngineMoe],
     if taken:
         raise _core.TierMoEError(
             f"{where}: this model has a device tier already (hint: configure a model's tier once)")
+    experts = [experts_of(m) for m in modules]
     e0, w13 = engines[0], experts[0].gate_up_proj
     E, F2, D = (w13.shape[0], w13.shape[2], w13.shape[1]) if e0.transposed else tuple(w13.shape)
     full = any(p.requires_grad for x in experts for p in x.parameters())

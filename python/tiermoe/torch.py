@@ -166,8 +166,7 @@ def configure(model: torch.nn.Module, *, device: str, device_memory: Optional[in
     """
     blocks = [m for m in model.modules() if isinstance(m, TieredMoE)]
     if blocks:
-        experts = [unwrap(b.experts)[0] for b in blocks]
-        _tier.attach(blocks, [b._engine() for b in blocks], experts,
+        _tier.attach(blocks, [b._engine() for b in blocks],
                      lambda b: b._bind_experts(), lambda b: unwrap(b.experts)[0],
                      device=device, device_memory=device_memory, placement=placement,
                      profile=profile, rates=rates, where="configure")
@@ -182,7 +181,7 @@ def configure(model: torch.nn.Module, *, device: str, device_memory: Optional[in
             + " (hint: load it with experts_implementation=\"tiermoe\" after "
             "import tiermoe.transformers, or tiermoe.torch.patch(model) first)")
     from .transformers import bind_original, experts_engine
-    _tier.attach(experts, [experts_engine(m) for m in experts], experts, bind_original,
+    _tier.attach(experts, [experts_engine(m) for m in experts], bind_original,
                  lambda m: m, device=device, device_memory=device_memory, placement=placement,
                  profile=profile, rates=rates, where="configure")
     return model

@@ -298,11 +298,10 @@ void grouped_experts_backward(GroupedExperts& experts, Tensor& dx_ND, Tensor& ds
     for_each_expert(
         offset_E,
         [&](int64_t e) {
-          Rows r = rows_of(e);
-          Tensor w2_in = r.acts.a_MF;  // W2's input, rebuilt as expert_backward_w2_side does
+          Tensor w2_in = rows(all.a_MF, e);  // W2's input, rebuilt as expert_backward_w2_side does
           if (absorbed) {
-            w2_in = Tensor::empty(r.acts.a_MF.shape(), dt);
-            scale_rows_forward(w2_in, r.acts.a_MF, r.score);
+            w2_in = Tensor::empty(w2_in.shape(), dt);
+            scale_rows_forward(w2_in, rows(all.a_MF, e), rows(score_N, e));
           }
           Tensor da = rows(da_NF, e);
           ad->backward_rows(ExpertLinear::down, e, da, rows(dy_ND, e), w2_in,
